@@ -1,0 +1,72 @@
+"""onnxrt: an ONNX inference runtime for Python, built from pluggable execution providers.
+
+Use it as you would onnxruntime::
+
+    import onnxrt as ort
+    sess = ort.InferenceSession("model.onnx", providers=["CPUExecutionProvider"])
+    y, = sess.run(None, {"x": x})
+"""
+
+from . import errors
+from .errors import (
+    EPFail,
+    Fail,
+    InvalidArgument,
+    InvalidGraph,
+    InvalidProtobuf,
+    NoModel,
+    NoSuchFile,
+    NotImplemented,
+    OnnxRtError,
+    RuntimeException,
+)
+from .hookspecs import hookimpl
+from .kernel import Kernel, KernelRegistry, NodeInfo
+from .options import ExecutionMode, GraphOptimizationLevel, RunOptions, SessionOptions
+from .ortvalue import IOBinding, OrtValue, get_device
+from .plugins import get_all_providers, get_available_providers, get_provider_info
+from .providers import Capability, Device, ExecutionProvider
+from .session import InferenceSession, ModelMetadata
+from .types import NodeArg
+
+try:
+    from importlib.metadata import version as _version
+
+    __version__ = _version("onnxrt")
+except Exception:  # pragma: no cover - running from a source tree
+    __version__ = "0.0.0"
+
+__all__ = [
+    "InferenceSession",
+    "SessionOptions",
+    "RunOptions",
+    "GraphOptimizationLevel",
+    "ExecutionMode",
+    "NodeArg",
+    "OrtValue",
+    "IOBinding",
+    "ModelMetadata",
+    "get_device",
+    "get_available_providers",
+    "get_all_providers",
+    "get_provider_info",
+    "ExecutionProvider",
+    "Device",
+    "Capability",
+    "Kernel",
+    "KernelRegistry",
+    "NodeInfo",
+    "hookimpl",
+    "errors",
+    "OnnxRtError",
+    "Fail",
+    "InvalidArgument",
+    "NoSuchFile",
+    "NoModel",
+    "InvalidProtobuf",
+    "InvalidGraph",
+    "NotImplemented",
+    "EPFail",
+    "RuntimeException",
+    "__version__",
+]

@@ -1,0 +1,402 @@
+"""The in-memory graph: nodes joined by value names, cheap to rewrite.
+
+Edges are value names, as in ONNX itself, so a transform rewrites a node's
+``inputs``/``outputs`` lists and nothing else has to be kept in sync. Producers and
+consumers are derived on demand. Subgraphs (If/Loop/Scan bodies) are nested
+:class:`Graph` objects whose ``parent`` is the enclosing graph, so names they read
+from the outer scope resolve there. :meth:`Graph.to_proto` serializes back.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from typing import Iterator
+
+import numpy as np
+import onnx
+from onnx import AttributeProto, GraphProto, TensorProto, TypeProto, ValueInfoProto, helper, numpy_helper
+
+from .errors import InvalidGraph
+
+__all__ = ["Node", "Graph", "MAX_NESTING", "tensor_to_array"]
+
+#: Subgraphs nested deeper than this are refused with InvalidGraph (not RecursionError).
+MAX_NESTING = 64
+
+
+def tensor_to_array(t: TensorProto, where: str = "") -> np.ndarray:
+    """Decode a ``TensorProto`` to numpy, checking that its data matches its shape."""
+    n = 1
+    for d in t.dims:
+        if d < 0:
+            raise InvalidGraph(f"tensor {t.name or where!r} has a negative dimension {list(t.dims)}")
+        n *= d
+    if t.HasField("raw_data") and t.data_type not in (TensorProto.STRING, TensorProto.UNDEFINED):
+        try:
+            itemsize = helper.tensor_dtype_to_np_dtype(t.data_type).itemsize
+        except Exception:
+            raise InvalidGraph(f"tensor {t.name or where!r} has unknown data type {t.data_type}") from None
+        sub_byte = t.data_type in _SUB_BYTE_BITS
+        need = (n * _SUB_BYTE_BITS[t.data_type] + 7) // 8 if sub_byte else n * itemsize
+        if len(t.raw_data) < need:
+            raise InvalidGraph(
+                f"tensor {t.name or where!r}: raw_data holds {len(t.raw_data)} bytes, "
+                f"shape {list(t.dims)} needs {need}"
+            )
+    try:
+        return numpy_helper.to_array(t)
+    except Exception as e:
+        raise InvalidGraph(f"tensor {t.name or where!r} cannot be decoded: {e}") from None
+
+
+_SUB_BYTE_BITS = {
+    getattr(TensorProto, k): b
+    for k, b in (("UINT4", 4), ("INT4", 4), ("FLOAT4E2M1", 4), ("UINT2", 2), ("INT2", 2),
+                 ("FLOAT6E2M3", 6), ("FLOAT6E3M2", 6))
+    if hasattr(TensorProto, k)
+}
+
+
+@dataclass(eq=False)
+class Node:
+    """One operator application.
+
+    :ivar attrs: non-graph attributes as ``AttributeProto`` (kept raw for serialization).
+    :ivar subgraphs: graph attributes as nested :class:`Graph` (a list for GRAPHS).
+    :ivar opset: the version of ``domain`` this node is resolved against.
+    :ivar provider: the execution provider assigned by the partitioner.
+    """
+
+    op_type: str
+    domain: str = ""
+    inputs: list[str] = field(default_factory=list)
+    outputs: list[str] = field(default_factory=list)
+    name: str = ""
+    attrs: dict[str, AttributeProto] = field(default_factory=dict)
+    subgraphs: dict[str, "Graph | list[Graph]"] = field(default_factory=dict)
+    opset: int = 1
+    doc_string: str = ""
+    provider: str | None = None
+
+    def attr(self, name: str, default=None):
+        """A decoded non-graph attribute value, or ``default``."""
+        a = self.attrs.get(name)
+        if a is None:
+            return default
+        v = helper.get_attribute_value(a)
+        if isinstance(v, bytes):
+            return v.decode("utf-8", "replace")
+        return v
+
+    def all_subgraphs(self) -> Iterator["Graph"]:
+        """Every subgraph attribute of this node (not recursive)."""
+        for g in self.subgraphs.values():
+            if isinstance(g, list):
+                yield from g
+            else:
+                yield g
+
+    def implicit_inputs(self) -> list[str]:
+        """Outer-scope names read by this node's subgraphs (recursively)."""
+        seen: dict[str, None] = {}
+        for g in self.all_subgraphs():
+            for n in g.free_names():
+                seen[n] = None
+        return list(seen)
+
+    def to_proto(self) -> onnx.NodeProto:
+        """Serialize back to a ``NodeProto``."""
+        attrs = list(self.attrs.values())
+        for k, g in self.subgraphs.items():
+            if isinstance(g, list):
+                attrs.append(helper.make_attribute(k, [x.to_proto() for x in g]))
+            else:
+                a = AttributeProto(name=k, type=AttributeProto.GRAPH)
+                a.g.CopyFrom(g.to_proto())
+                attrs.append(a)
+        n = onnx.NodeProto(op_type=self.op_type, domain=self.domain, name=self.name)
+        n.input.extend(self.inputs)
+        n.output.extend(self.outputs)
+        n.attribute.extend(attrs)
+        if self.doc_string:
+            n.doc_string = self.doc_string
+        return n
+
+    def __repr__(self) -> str:
+        return f"Node({self.op_type} {self.name!r}: {self.inputs} -> {self.outputs})"
+
+
+class Graph:
+    """A graph: nodes, inputs, outputs, initializers and known value types."""
+
+    def __init__(self, name: str = "", opsets: dict[str, int] | None = None, parent: "Graph | None" = None):
+        self.name = name
+        self.nodes: list[Node] = []
+        self.inputs: list[ValueInfoProto] = []
+        self.outputs: list[ValueInfoProto] = []
+        self.initializers: dict[str, np.ndarray] = {}
+        self.value_types: dict[str, TypeProto] = {}
+        self.opsets: dict[str, int] = dict(opsets or {})
+        self.parent = parent
+        self.doc_string = ""
+        self._name_counter = itertools.count()
+
+    # -- construction -----------------------------------------------------------
+    @classmethod
+    def from_proto(
+        cls,
+        gp: GraphProto,
+        opsets: dict[str, int],
+        parent: "Graph | None" = None,
+        depth: int = 0,
+    ) -> "Graph":
+        """Build a graph (and its subgraphs) from a ``GraphProto``, validating it."""
+        if depth > MAX_NESTING:
+            raise InvalidGraph(f"subgraphs are nested more than {MAX_NESTING} levels deep")
+        g = cls(gp.name, opsets, parent)
+        g.doc_string = gp.doc_string
+        g.inputs = list(gp.input)
+        g.outputs = list(gp.output)
+        for vi in itertools.chain(gp.input, gp.output, gp.value_info):
+            if vi.name and vi.HasField("type"):
+                g.value_types[vi.name] = vi.type
+        for t in gp.initializer:
+            if not t.name:
+                raise InvalidGraph("an initializer has no name")
+            if t.name in g.initializers:
+                raise InvalidGraph(f"initializer {t.name!r} is defined twice")
+            g.initializers[t.name] = tensor_to_array(t)
+            if t.name not in g.value_types:
+                g.value_types[t.name] = helper.make_tensor_type_proto(t.data_type, list(t.dims))
+        for st in gp.sparse_initializer:
+            name = st.values.name
+            g.initializers[name] = _sparse_to_dense(st)
+            g.value_types.setdefault(
+                name, helper.make_tensor_type_proto(st.values.data_type, list(st.dims))
+            )
+        used_names: set[str] = set()
+        for i, np_ in enumerate(gp.node):
+            dom = "" if np_.domain in ("", "ai.onnx") else np_.domain
+            node = Node(
+                op_type=np_.op_type,
+                domain=dom,
+                inputs=list(np_.input),
+                outputs=list(np_.output),
+                name=np_.name,
+                opset=opsets.get(dom, 1),
+                doc_string=np_.doc_string,
+            )
+            for a in np_.attribute:
+                if a.name in node.attrs or a.name in node.subgraphs:
+                    raise InvalidGraph(f"node {np_.name or np_.op_type!r} has attribute {a.name!r} twice")
+                if a.type == AttributeProto.GRAPH:
+                    node.subgraphs[a.name] = cls.from_proto(a.g, opsets, g, depth + 1)
+                elif a.type == AttributeProto.GRAPHS:
+                    node.subgraphs[a.name] = [cls.from_proto(x, opsets, g, depth + 1) for x in a.graphs]
+                else:
+                    node.attrs[a.name] = a
+            g.nodes.append(node)
+            if node.name:
+                used_names.add(node.name)
+        # give every node a unique, non-empty name: errors and profiles name nodes
+        seen: set[str] = set()
+        for i, node in enumerate(g.nodes):
+            if not node.name or node.name in seen:
+                base = node.name or f"{node.op_type}_{i}"
+                cand = base
+                k = 0
+                while cand in seen or (cand != node.name and cand in used_names):
+                    k += 1
+                    cand = f"{base}_{k}"
+                node.name = cand
+            seen.add(node.name)
+        if depth == 0:
+            # subgraphs are checked once every enclosing graph is complete, since
+            # they may read outer values produced by nodes listed after them
+            g.validate()
+            for _, node in g.walk():
+                for sg in node.all_subgraphs():
+                    sg.validate()
+        return g
+
+    def validate(self) -> None:
+        """Check single assignment, defined inputs and acyclicity; sort topologically."""
+        defined: set[str] = set()
+        for vi in self.inputs:
+            if vi.name in defined:
+                raise InvalidGraph(f"graph {self.name!r}: input {vi.name!r} is listed twice")
+            defined.add(vi.name)
+        defined.update(self.initializers)
+        for node in self.nodes:
+            for o in node.outputs:
+                if not o:
+                    continue
+                if o in defined:
+                    raise InvalidGraph(
+                        f"graph {self.name!r}: value {o!r} is defined more than once "
+                        f"(again as an output of node {node.name!r})"
+                    )
+                defined.add(o)
+        for vi in self.outputs:
+            if vi.name not in defined and not self._outer_defines(vi.name):
+                raise InvalidGraph(f"graph {self.name!r}: output {vi.name!r} is never produced")
+        for node in self.nodes:
+            for i in node.inputs:
+                if i and i not in defined and not self._outer_defines(i):
+                    raise InvalidGraph(
+                        f"node {node.name!r} ({node.op_type}) reads {i!r}, which is not defined"
+                    )
+        self.topological_sort()
+
+    def _outer_defines(self, name: str) -> bool:
+        p = self.parent
+        while p is not None:
+            if name in p.defined_names():
+                return True
+            p = p.parent
+        return False
+
+    # -- queries ----------------------------------------------------------------
+    def defined_names(self) -> set[str]:
+        """Names defined in this graph: inputs, initializers and node outputs."""
+        s = {vi.name for vi in self.inputs}
+        s.update(self.initializers)
+        for n in self.nodes:
+            s.update(o for o in n.outputs if o)
+        return s
+
+    def free_names(self) -> list[str]:
+        """Names this graph (or its subgraphs) reads but does not define: outer scope."""
+        defined = self.defined_names()
+        out: dict[str, None] = {}
+        for n in self.nodes:
+            for i in n.inputs:
+                if i and i not in defined:
+                    out[i] = None
+            for sg in n.all_subgraphs():
+                for i in sg.free_names():
+                    if i not in defined:
+                        out[i] = None
+        for vi in self.outputs:
+            if vi.name not in defined:
+                out[vi.name] = None
+        return list(out)
+
+    def input_names(self) -> list[str]:
+        """Names of the graph inputs, in order."""
+        return [vi.name for vi in self.inputs]
+
+    def output_names(self) -> list[str]:
+        """Names of the graph outputs, in order."""
+        return [vi.name for vi in self.outputs]
+
+    def producers(self) -> dict[str, Node]:
+        """Value name -> the node producing it."""
+        return {o: n for n in self.nodes for o in n.outputs if o}
+
+    def consumers(self) -> dict[str, list[Node]]:
+        """Value name -> nodes reading it (directly, or from a subgraph)."""
+        out: dict[str, list[Node]] = {}
+        for n in self.nodes:
+            for i in itertools.chain(n.inputs, n.implicit_inputs() if n.subgraphs else ()):
+                if i:
+                    lst = out.setdefault(i, [])
+                    if not lst or lst[-1] is not n:
+                        lst.append(n)
+        return out
+
+    def unique_name(self, base: str) -> str:
+        """A value or node name not yet used in this graph or its ancestors."""
+        taken = self.defined_names() | {n.name for n in self.nodes}
+        while True:
+            cand = f"{base}__{next(self._name_counter)}"
+            if cand not in taken and not self._outer_defines(cand):
+                return cand
+
+    def topological_sort(self) -> None:
+        """Order nodes so each comes after its producers; a cycle is InvalidGraph."""
+        producer_idx: dict[str, int] = {}
+        for idx, n in enumerate(self.nodes):
+            for o in n.outputs:
+                if o:
+                    producer_idx[o] = idx
+        deps: list[set[int]] = []
+        for n in self.nodes:
+            d = set()
+            names = list(n.inputs)
+            if n.subgraphs:
+                names.extend(n.implicit_inputs())
+            for i in names:
+                j = producer_idx.get(i)
+                if j is not None:
+                    d.add(j)
+            deps.append(d)
+        if all(all(j < i for j in d) for i, d in enumerate(deps)):
+            return
+        dependents: list[list[int]] = [[] for _ in self.nodes]
+        indeg = [0] * len(self.nodes)
+        for i, d in enumerate(deps):
+            indeg[i] = len(d)
+            for j in d:
+                dependents[j].append(i)
+        import heapq
+
+        ready = [i for i, k in enumerate(indeg) if k == 0]
+        heapq.heapify(ready)
+        order = []
+        while ready:
+            i = heapq.heappop(ready)
+            order.append(i)
+            for j in dependents[i]:
+                indeg[j] -= 1
+                if indeg[j] == 0:
+                    heapq.heappush(ready, j)
+        if len(order) != len(self.nodes):
+            stuck = [self.nodes[i].name for i, k in enumerate(indeg) if k > 0][:5]
+            raise InvalidGraph(f"graph {self.name!r} has a cycle through nodes {stuck}")
+        self.nodes = [self.nodes[i] for i in order]
+
+    def walk(self) -> Iterator[tuple["Graph", Node]]:
+        """Every (graph, node) pair in this graph and all nested subgraphs."""
+        for n in self.nodes:
+            yield self, n
+            for sg in n.all_subgraphs():
+                yield from sg.walk()
+
+    # -- serialization --------------------------------------------------------------
+    def to_proto(self) -> GraphProto:
+        """Serialize back to a ``GraphProto`` (value_info keeps the known types)."""
+        gp = GraphProto(name=self.name, doc_string=self.doc_string)
+        gp.node.extend(n.to_proto() for n in self.nodes)
+        gp.input.extend(self.inputs)
+        gp.output.extend(self.outputs)
+        for name, arr in self.initializers.items():
+            gp.initializer.append(numpy_helper.from_array(np.asarray(arr), name))
+        io = {vi.name for vi in itertools.chain(self.inputs, self.outputs)}
+        live = set()
+        for n in self.nodes:
+            live.update(n.outputs)
+        for name in sorted(live - io - set(self.initializers)):
+            tp = self.value_types.get(name)
+            if tp is not None:
+                vi = ValueInfoProto(name=name)
+                vi.type.CopyFrom(tp)
+                gp.value_info.append(vi)
+        return gp
+
+
+def _sparse_to_dense(st) -> np.ndarray:
+    values = tensor_to_array(st.values)
+    indices = tensor_to_array(st.indices).astype(np.int64)
+    dims = list(st.dims)
+    dense = np.zeros(int(np.prod(dims)) if dims else 1, dtype=values.dtype)
+    total = dense.size
+    if indices.ndim == 1:
+        flat = indices
+    else:
+        flat = np.ravel_multi_index(tuple(indices.T), dims) if indices.size else indices.reshape(-1)
+    if flat.size and (flat.min() < 0 or flat.max() >= total):
+        raise InvalidGraph(f"sparse tensor {st.values.name!r} has an index outside its shape {dims}")
+    dense[flat] = values.reshape(-1)
+    return dense.reshape(dims)

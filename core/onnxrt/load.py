@@ -1,0 +1,211 @@
+"""Loading a model: path, bytes or ``ModelProto``, with external data, checked.
+
+Model files come from strangers, so external data is resolved here rather than by
+``onnx.load``: every location must be a relative path that stays inside the model's
+folder, with no ``..``, no absolute path, no symlink on the way and no file with
+several hard links; offset and length are checked against the real file size.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+import onnx
+from google.protobuf.message import DecodeError
+from onnx import ModelProto, TensorProto
+
+from .errors import InvalidArgument, InvalidGraph, InvalidProtobuf, NoSuchFile, NotImplemented
+
+__all__ = ["load_model", "check_versions", "MAX_IR_VERSION", "MAX_OPSETS"]
+
+#: The newest IR version this build understands (onnx's own).
+MAX_IR_VERSION = onnx.IR_VERSION
+#: The newest opset per domain this build understands.
+MAX_OPSETS = {
+    "": onnx.defs.onnx_opset_version(),
+    "ai.onnx.ml": 5,
+    "ai.onnx.preview.training": 1,
+    "ai.onnx.preview": 1,
+}
+_EXTERNAL_KEYS = {"location", "offset", "length", "checksum", "basepath"}
+
+
+def load_model(model, *, base_dir: str | os.PathLike | None = None) -> tuple[ModelProto, Path | None]:
+    """Return ``(model_proto, model_dir)`` for a path, bytes or ``ModelProto``.
+
+    External data is loaded into the tensors' ``raw_data``. ``model_dir`` is the folder
+    external data is resolved against (``None`` for bytes without ``base_dir``).
+    """
+    if isinstance(model, ModelProto):
+        proto = model
+        model_dir = Path(base_dir) if base_dir is not None else None
+    elif isinstance(model, (bytes, bytearray, memoryview)):
+        proto = _parse(bytes(model), "<bytes>")
+        model_dir = Path(base_dir) if base_dir is not None else None
+    elif isinstance(model, (str, os.PathLike)):
+        path = Path(model)
+        if not path.exists():
+            raise NoSuchFile(f"model file {str(path)!r} does not exist")
+        if not path.is_file():
+            raise InvalidArgument(f"model path {str(path)!r} is not a file")
+        try:
+            data = path.read_bytes()
+        except OSError as e:
+            raise NoSuchFile(f"cannot read model file {str(path)!r}: {e}") from e
+        proto = _parse(data, str(path))
+        model_dir = path.resolve().parent
+    else:
+        raise InvalidArgument(
+            f"model must be a path, bytes or onnx.ModelProto, not {type(model).__name__}"
+        )
+    if not proto.HasField("graph"):
+        raise InvalidGraph("the model has no graph")
+    _load_external_data(proto, model_dir)
+    return proto, model_dir
+
+
+def _parse(data: bytes, where: str) -> ModelProto:
+    if not data:
+        raise InvalidProtobuf(f"{where}: the model is empty (0 bytes)")
+    proto = ModelProto()
+    try:
+        proto.ParseFromString(data)
+    except (DecodeError, RuntimeError, ValueError) as e:
+        raise InvalidProtobuf(f"{where}: not a valid ONNX model protobuf ({e})") from None
+    if not proto.HasField("graph") and proto.ir_version == 0:
+        raise InvalidProtobuf(f"{where}: not an ONNX model (no ir_version and no graph)")
+    return proto
+
+
+def check_versions(proto: ModelProto) -> dict[str, int]:
+    """Check the IR version and opset imports; return ``{domain: version}``."""
+    if proto.ir_version <= 0:
+        raise InvalidGraph("the model has no ir_version")
+    if proto.ir_version > MAX_IR_VERSION:
+        raise NotImplemented(
+            f"model IR version {proto.ir_version} is newer than the newest supported ({MAX_IR_VERSION})"
+        )
+    opsets: dict[str, int] = {}
+    for imp in proto.opset_import:
+        dom = "" if imp.domain in ("", "ai.onnx") else imp.domain
+        opsets[dom] = int(imp.version)
+    if not proto.opset_import:
+        # IR version 1 and 2 models may omit it; they mean ai.onnx opset 1
+        opsets[""] = 1
+    ai = opsets.get("")
+    if ai is not None and ai > MAX_OPSETS[""]:
+        raise NotImplemented(
+            f"model uses ai.onnx opset {ai}; the newest supported is {MAX_OPSETS['']}"
+        )
+    ml = opsets.get("ai.onnx.ml")
+    if ml is not None and ml > MAX_OPSETS["ai.onnx.ml"]:
+        raise NotImplemented(
+            f"model uses ai.onnx.ml opset {ml}; the newest supported is {MAX_OPSETS['ai.onnx.ml']}"
+        )
+    return opsets
+
+
+# -- external data ------------------------------------------------------------------
+
+
+def _iter_tensors(graph):
+    for t in graph.initializer:
+        yield t
+    for s in graph.sparse_initializer:
+        yield s.values
+        yield s.indices
+    for n in graph.node:
+        for a in n.attribute:
+            if a.HasField("t"):
+                yield a.t
+            yield from a.tensors
+            if a.HasField("g"):
+                yield from _iter_tensors(a.g)
+            for g in a.graphs:
+                yield from _iter_tensors(g)
+
+
+def _all_tensors(proto: ModelProto):
+    yield from _iter_tensors(proto.graph)
+    for f in proto.functions:
+        for n in f.node:
+            for a in n.attribute:
+                if a.HasField("t"):
+                    yield a.t
+                if a.HasField("g"):
+                    yield from _iter_tensors(a.g)
+
+
+def _load_external_data(proto: ModelProto, model_dir: Path | None) -> None:
+    for t in _all_tensors(proto):
+        if t.data_location != TensorProto.EXTERNAL:
+            continue
+        info = {}
+        for kv in t.external_data:
+            if kv.key not in _EXTERNAL_KEYS:
+                raise InvalidGraph(
+                    f"tensor {t.name!r}: unknown external_data key {kv.key!r} "
+                    f"(known: {', '.join(sorted(_EXTERNAL_KEYS))})"
+                )
+            info[kv.key] = kv.value
+        if model_dir is None:
+            raise InvalidArgument(
+                f"tensor {t.name!r} uses external data, but the model was given as bytes "
+                "or a ModelProto without a folder to resolve it against"
+            )
+        location = info.get("location")
+        if not location:
+            raise InvalidGraph(f"tensor {t.name!r}: external data has no location")
+        path = _safe_external_path(model_dir, location, t.name)
+        try:
+            offset = int(info.get("offset", 0) or 0)
+            length = int(info["length"]) if info.get("length") else None
+        except ValueError:
+            raise InvalidGraph(f"tensor {t.name!r}: external data offset/length is not an integer") from None
+        size = path.stat().st_size
+        if offset < 0 or offset > size:
+            raise InvalidGraph(
+                f"tensor {t.name!r}: external data offset {offset} is outside {location!r} ({size} bytes)"
+            )
+        if length is None:
+            length = size - offset
+        if length < 0 or offset + length > size:
+            raise InvalidGraph(
+                f"tensor {t.name!r}: external data [{offset}, {offset + length}) runs past the end "
+                f"of {location!r} ({size} bytes)"
+            )
+        with open(path, "rb") as f:
+            f.seek(offset)
+            t.raw_data = f.read(length)
+        t.data_location = TensorProto.DEFAULT
+        del t.external_data[:]
+
+
+def _safe_external_path(model_dir: Path, location: str, tensor: str) -> Path:
+    loc = Path(location)
+    if loc.is_absolute() or location.startswith(("/", "\\")) or (len(location) > 1 and location[1] == ":"):
+        raise InvalidGraph(f"tensor {tensor!r}: external data location {location!r} is absolute")
+    if ".." in loc.parts or ".." in location.replace("\\", "/").split("/"):
+        raise InvalidGraph(f"tensor {tensor!r}: external data location {location!r} leaves the model folder")
+    base = Path(model_dir)
+    # walk each component so that a symlinked folder on the way is refused too
+    cur = base
+    for part in loc.parts:
+        cur = cur / part
+        try:
+            st = os.lstat(cur)
+        except FileNotFoundError:
+            raise NoSuchFile(f"tensor {tensor!r}: external data file {location!r} does not exist") from None
+        if stat.S_ISLNK(st.st_mode):
+            raise InvalidGraph(f"tensor {tensor!r}: external data path {location!r} goes through a symlink")
+    st = os.lstat(cur)
+    if not stat.S_ISREG(st.st_mode):
+        raise InvalidGraph(f"tensor {tensor!r}: external data {location!r} is not a regular file")
+    if st.st_nlink > 1:
+        raise InvalidGraph(f"tensor {tensor!r}: external data file {location!r} has several hard links")
+    resolved = cur.resolve()
+    if base.resolve() not in resolved.parents:
+        raise InvalidGraph(f"tensor {tensor!r}: external data location {location!r} leaves the model folder")
+    return resolved

@@ -1,0 +1,229 @@
+"""Level-1 (basic) transforms: provider independent, run before partitioning.
+
+- ``constant_folding``: nodes whose inputs are all constants run once, with the
+  CPU provider's kernels, and become initializers (random ops excepted, and no
+  result larger than the session's allocation cap).
+- ``shape_folding``: ``Shape``/``Size`` of a value whose shape is static become constants.
+- ``eliminate_identity``, ``eliminate_dropout``: these do nothing at inference.
+- ``eliminate_noop``: Cast to the same type, Reshape/Expand to the same static shape.
+- ``dead_node_elimination``: nodes whose outputs nobody reads, and unused initializers.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+
+from ..errors import InvalidGraph
+from ..options import GraphOptimizationLevel
+
+__all__ = ["register"]
+
+logger = logging.getLogger("onnxrt")
+
+NONDETERMINISTIC = {
+    ("", "RandomNormal"), ("", "RandomUniform"), ("", "RandomNormalLike"), ("", "RandomUniformLike"),
+    ("", "Bernoulli"), ("", "Multinomial"),
+}
+#: ops never folded: they read or make state, or their result would be huge for no gain
+NEVER_FOLD = NONDETERMINISTIC | {("", "If"), ("", "Loop"), ("", "Scan"), ("", "SequenceMap"), ("", "ImageDecoder")}
+
+
+def _overridable(graph) -> set[str]:
+    return {vi.name for vi in graph.inputs}
+
+
+def _constants(graph) -> dict[str, np.ndarray]:
+    ov = _overridable(graph)
+    return {k: v for k, v in graph.initializers.items() if k not in ov}
+
+
+def _rename_uses(graph, old: str, new: str) -> None:
+    for n in graph.nodes:
+        n.inputs = [new if i == old else i for i in n.inputs]
+
+
+def _used_in_subgraphs(graph) -> set[str]:
+    used: set[str] = set()
+    for n in graph.nodes:
+        if n.subgraphs:
+            used.update(n.implicit_inputs())
+    return used
+
+
+def eliminate_identity(graph, ctx) -> bool:
+    """Drop Identity nodes by reading their input directly."""
+    return _bypass(graph, lambda n: n.op_type == "Identity" and n.domain == "" and len(n.inputs) == 1)
+
+
+def eliminate_dropout(graph, ctx) -> bool:
+    """Drop inference-mode Dropout whose mask output is unused."""
+
+    def ok(n):
+        if n.op_type != "Dropout" or n.domain != "":
+            return False
+        if len(n.outputs) > 1 and n.outputs[1]:
+            return False
+        if len(n.inputs) >= 3 and n.inputs[2]:
+            return False  # training_mode given as an input: may be true
+        return True
+
+    return _bypass(graph, ok)
+
+
+def _bypass(graph, pred) -> bool:
+    outputs = set(graph.output_names())
+    sub_used = _used_in_subgraphs(graph)
+    changed = False
+    keep = []
+    for n in graph.nodes:
+        if pred(n) and n.inputs and n.inputs[0] and n.outputs[0] not in outputs and n.outputs[0] not in sub_used:
+            _rename_uses(graph, n.outputs[0], n.inputs[0])
+            changed = True
+            continue
+        keep.append(n)
+    graph.nodes = keep
+    return changed
+
+
+def eliminate_noop(graph, ctx) -> bool:
+    """Drop Cast to the same type and Reshape/Expand that keep a static shape."""
+    from ..types import shape_of
+
+    def static(name):
+        tp = graph.value_types.get(name)
+        if tp is None or tp.WhichOneof("value") != "tensor_type":
+            return None
+        s = shape_of(tp)
+        if s is None or not all(isinstance(d, int) for d in s):
+            return None
+        return s, tp.tensor_type.elem_type
+
+    consts = _constants(graph)
+
+    def ok(n):
+        if n.domain != "" or not n.inputs or not n.outputs:
+            return False
+        a = static(n.inputs[0])
+        b = static(n.outputs[0])
+        if a is None or b is None or a != b:
+            return False
+        if n.op_type == "Cast":
+            return True
+        if n.op_type in ("Reshape", "Expand") and len(n.inputs) > 1 and n.inputs[1] in consts:
+            return True
+        return False
+
+    return _bypass(graph, ok)
+
+
+def shape_folding(graph, ctx) -> bool:
+    """Replace Shape/Size of statically shaped values by constants."""
+    from ..types import shape_of
+
+    changed = False
+    keep = []
+    for n in graph.nodes:
+        if n.domain == "" and n.op_type in ("Shape", "Size") and n.inputs and n.outputs[0]:
+            tp = graph.value_types.get(n.inputs[0])
+            shape = shape_of(tp) if tp is not None and tp.WhichOneof("value") == "tensor_type" else None
+            if shape is not None and all(isinstance(d, int) for d in shape):
+                if n.op_type == "Size":
+                    val = np.array(int(np.prod(shape, dtype=np.int64)), dtype=np.int64)
+                else:
+                    start = n.attr("start", 0)
+                    end = n.attr("end", None)
+                    val = np.array(shape[slice(start, end)], dtype=np.int64)
+                graph.initializers[n.outputs[0]] = val
+                changed = True
+                continue
+        keep.append(n)
+    graph.nodes = keep
+    return changed
+
+
+def constant_folding(graph, ctx) -> bool:
+    """Run nodes whose inputs are all constant once, and keep their outputs."""
+    from ..kernel import NoKernelError
+
+    consts = _constants(graph)
+    outputs = set(graph.output_names())
+    changed = False
+    keep = []
+    for n in graph.nodes:
+        key = (n.domain, n.op_type)
+        if (
+            key in NEVER_FOLD
+            or n.subgraphs
+            or not all((not i) or i in consts for i in n.inputs)
+            or not any(n.outputs)
+        ):
+            keep.append(n)
+            continue
+        try:
+            kernel = ctx.cpu_registry.create(ctx.node_info(n))
+            results = kernel.run(*[consts[i] if i else None for i in n.inputs])
+        except NoKernelError:
+            keep.append(n)
+            continue
+        except MemoryError:
+            raise InvalidGraph(
+                f"constant folding {n.op_type} node {n.name!r} ran out of memory: the model asks for a huge tensor"
+            ) from None
+        except Exception as e:  # noqa: BLE001 - leave the node for run time, which reports it
+            logger.debug("constant folding skipped %s: %s", n.name, e)
+            keep.append(n)
+            continue
+        if not all(isinstance(r, np.ndarray) for r, o in zip(results, n.outputs) if o):
+            keep.append(n)
+            continue
+        size = sum(r.nbytes for r, o in zip(results, n.outputs) if o)
+        if size > ctx.max_bytes:
+            raise InvalidGraph(
+                f"constant folding {n.op_type} node {n.name!r} makes {size} bytes, over the "
+                f"session's max_allocation_bytes ({ctx.max_bytes})"
+            )
+        for r, o in zip(results, n.outputs):
+            if o:
+                if o in outputs:
+                    r = r.copy()
+                graph.initializers[o] = r
+                consts[o] = r
+        changed = True
+    graph.nodes = keep
+    return changed
+
+
+def dead_node_elimination(graph, ctx) -> bool:
+    """Remove nodes whose outputs nobody reads, then initializers nobody reads."""
+    changed = False
+    outputs = set(graph.output_names())
+    while True:
+        used = set(outputs)
+        for n in graph.nodes:
+            used.update(n.inputs)
+            if n.subgraphs:
+                used.update(n.implicit_inputs())
+        keep = [n for n in graph.nodes if any(o and o in used for o in n.outputs)]
+        if len(keep) == len(graph.nodes):
+            break
+        graph.nodes = keep
+        changed = True
+    inputs = set(graph.input_names())
+    for name in list(graph.initializers):
+        if name not in used and name not in inputs:
+            del graph.initializers[name]
+            changed = True
+    return changed
+
+
+def register(reg) -> None:
+    """Add the basic transforms to a :class:`TransformerRegistry`."""
+    basic = GraphOptimizationLevel.ORT_ENABLE_BASIC
+    reg.add("eliminate_identity", eliminate_identity, basic)
+    reg.add("eliminate_dropout", eliminate_dropout, basic)
+    reg.add("eliminate_noop", eliminate_noop, basic)
+    reg.add("shape_folding", shape_folding, basic)
+    reg.add("constant_folding", constant_folding, basic)
+    reg.add("dead_node_elimination", dead_node_elimination, basic)

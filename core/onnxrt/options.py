@@ -1,0 +1,148 @@
+"""Session and run options, as onnxruntime names them."""
+
+from __future__ import annotations
+
+import enum
+import os
+from typing import Any
+
+from .errors import InvalidArgument
+
+__all__ = [
+    "GraphOptimizationLevel",
+    "ExecutionMode",
+    "SessionOptions",
+    "RunOptions",
+    "default_thread_count",
+    "DEFAULT_MAX_ALLOCATION_BYTES",
+]
+
+#: The default cap on any single tensor a model may make (constant folding or run time).
+DEFAULT_MAX_ALLOCATION_BYTES = 8 << 30
+
+
+def default_thread_count() -> int:
+    """The cores this process may use (not the host's whole core count)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):  # pragma: no cover - non-Linux
+        return max(1, os.cpu_count() or 1)
+
+
+class GraphOptimizationLevel(enum.IntEnum):
+    """How much the graph optimizer may rewrite, as in onnxruntime."""
+
+    ORT_DISABLE_ALL = 0
+    ORT_ENABLE_BASIC = 1
+    ORT_ENABLE_EXTENDED = 2
+    ORT_ENABLE_LAYOUT = 3
+    ORT_ENABLE_ALL = 99
+
+
+class ExecutionMode(enum.IntEnum):
+    """Sequential or parallel node execution (onnxrt always runs nodes in order)."""
+
+    ORT_SEQUENTIAL = 0
+    ORT_PARALLEL = 1
+
+
+class SessionOptions:
+    """Settings for building a session; the attribute names follow onnxruntime.
+
+    Beyond onnxruntime: ``disabled_optimizers`` (transform names to skip) and
+    ``max_allocation_bytes`` (cap on any single tensor, guarding against models that
+    declare huge constants or shapes).
+    """
+
+    def __init__(self) -> None:
+        self.graph_optimization_level: GraphOptimizationLevel = GraphOptimizationLevel.ORT_ENABLE_ALL
+        self.optimized_model_filepath: str = ""
+        self.intra_op_num_threads: int = 0
+        self.inter_op_num_threads: int = 0
+        self.execution_mode: ExecutionMode = ExecutionMode.ORT_SEQUENTIAL
+        self.enable_profiling: bool = False
+        self.profile_file_prefix: str = "onnxrt_profile"
+        self.log_severity_level: int = 2
+        self.log_verbosity_level: int = 0
+        self.logid: str = ""
+        self.enable_cpu_mem_arena: bool = True
+        self.enable_mem_pattern: bool = True
+        self.enable_mem_reuse: bool = True
+        self.use_deterministic_compute: bool = False
+        self.disabled_optimizers: list[str] = []
+        self.max_allocation_bytes: int = DEFAULT_MAX_ALLOCATION_BYTES
+        self.allow_provider_fallback: bool = False
+        self._config: dict[str, str] = {}
+        self._free_dims_by_name: dict[str, int] = {}
+        self._free_dims_by_denotation: dict[str, int] = {}
+        self._initializers: dict[str, Any] = {}
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name == "graph_optimization_level":
+            try:
+                value = GraphOptimizationLevel(int(value))
+            except ValueError:
+                raise InvalidArgument(f"unknown graph_optimization_level {value!r}") from None
+        elif name in ("intra_op_num_threads", "inter_op_num_threads"):
+            if not isinstance(value, int) or value < 0:
+                raise InvalidArgument(f"{name} must be a non-negative int, not {value!r}")
+        elif name == "log_severity_level":
+            if value not in (0, 1, 2, 3, 4):
+                raise InvalidArgument(f"log_severity_level must be 0..4, not {value!r}")
+        object.__setattr__(self, name, value)
+
+    def add_session_config_entry(self, key: str, value: str) -> None:
+        """Set a free-form configuration entry, as onnxruntime does."""
+        self._config[str(key)] = str(value)
+
+    def get_session_config_entry(self, key: str) -> str:
+        """Read a configuration entry; a missing key is an error."""
+        try:
+            return self._config[key]
+        except KeyError:
+            raise InvalidArgument(f"no session config entry {key!r}") from None
+
+    def add_free_dimension_override_by_name(self, name: str, value: int) -> None:
+        """Fix a symbolic dimension (by its ``dim_param``) to ``value``."""
+        self._free_dims_by_name[str(name)] = int(value)
+
+    def add_free_dimension_override_by_denotation(self, denotation: str, value: int) -> None:
+        """Fix every dimension with this denotation to ``value``."""
+        self._free_dims_by_denotation[str(denotation)] = int(value)
+
+    def add_initializer(self, name: str, value) -> None:
+        """Replace an initializer's value with ``value`` (an array or OrtValue)."""
+        self._initializers[str(name)] = value
+
+    def thread_count(self) -> int:
+        """The BLAS/kernel thread count this session uses."""
+        return self.intra_op_num_threads or default_thread_count()
+
+    def __repr__(self) -> str:
+        return (
+            f"SessionOptions(level={self.graph_optimization_level.name}, "
+            f"threads={self.intra_op_num_threads}, profiling={self.enable_profiling})"
+        )
+
+
+class RunOptions:
+    """Per-run settings. Set ``terminate = True`` from another thread to stop a run."""
+
+    def __init__(self) -> None:
+        self.terminate: bool = False
+        self.logid: str = ""
+        self.log_severity_level: int = 2
+        self.log_verbosity_level: int = 0
+        self.only_execute_path_to_fetches: bool = False
+        self._config: dict[str, str] = {}
+
+    def add_run_config_entry(self, key: str, value: str) -> None:
+        """Set a free-form per-run configuration entry."""
+        self._config[str(key)] = str(value)
+
+    def get_run_config_entry(self, key: str) -> str:
+        """Read a per-run configuration entry."""
+        try:
+            return self._config[key]
+        except KeyError:
+            raise InvalidArgument(f"no run config entry {key!r}") from None

@@ -1,0 +1,176 @@
+"""The execution-provider contract between the core and every provider package.
+
+A provider says what it can run (:meth:`ExecutionProvider.get_capability`), builds
+kernels for the nodes it takes, and describes its memory through a :class:`Device`.
+Values crossing a provider boundary are host numpy arrays, the standard form; the
+planner inserts copy steps that call ``device.to_host``/``device.from_host``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import numpy as np
+
+from .errors import InvalidArgument
+from .kernel import Kernel, KernelRegistry, NodeInfo
+
+__all__ = ["Device", "HostDevice", "ExecutionProvider", "Capability"]
+
+
+class Device:
+    """How a provider's arrays are allocated, moved to and from the host, and synced."""
+
+    #: short device kind, as ``OrtValue.device_name()`` reports it: "cpu", "cuda", ...
+    kind: str = "cpu"
+    device_id: int = 0
+
+    @property
+    def is_host(self) -> bool:
+        """Whether values on this device are plain host numpy arrays."""
+        return self.kind == "cpu"
+
+    def to_host(self, value: Any) -> Any:
+        """Copy a device value to a host numpy array (sequences element-wise)."""
+        return value
+
+    def from_host(self, value: Any) -> Any:
+        """Copy a host value onto the device."""
+        return value
+
+    def synchronize(self) -> None:
+        """Wait for queued device work to finish."""
+
+    def __repr__(self) -> str:
+        return f"<Device {self.kind}:{self.device_id}>"
+
+
+class HostDevice(Device):
+    """The host: numpy arrays, no copies."""
+
+    kind = "cpu"
+
+
+class Capability:
+    """A group of nodes a provider takes.
+
+    One node with a kernel is the common case. A group of several nodes is a fused
+    subgraph that the provider turns into one callable with :meth:`ExecutionProvider.compile`.
+    """
+
+    __slots__ = ("nodes", "fused_name")
+
+    def __init__(self, nodes: list, fused_name: str | None = None):
+        self.nodes = list(nodes)
+        self.fused_name = fused_name
+
+    def __repr__(self) -> str:
+        return f"Capability({[n.name for n in self.nodes]})"
+
+
+class ExecutionProvider:
+    """Base class of execution providers.
+
+    Subclasses set ``name`` (onnxruntime's naming, e.g. ``"CPUExecutionProvider"``),
+    ``aliases`` (e.g. ``("cpu",)``), ``priority`` (higher is preferred by default),
+    ``option_types`` (option name -> callable converting the user's value), and
+    implement :meth:`build_registry` and, if needed, :meth:`is_available`.
+    """
+
+    name: ClassVar[str] = ""
+    aliases: ClassVar[tuple[str, ...]] = ()
+    priority: ClassVar[int] = 0
+    option_types: ClassVar[dict[str, Any]] = {}
+    default_options: ClassVar[dict[str, Any]] = {}
+    concurrent_run_supported: ClassVar[bool] = True
+    #: filled in by the plugin registry: (distribution, version) that provided the class
+    distribution: ClassVar[tuple[str, str] | None] = None
+
+    _registries: ClassVar[dict[type, KernelRegistry]] = {}
+
+    def __init__(self, options: dict[str, Any] | None = None, session_options=None):
+        self.options = self.validate_options(options or {})
+        self.session_options = session_options
+        self.device: Device = self.create_device()
+
+    # -- class-level facts ----------------------------------------------------------
+    @classmethod
+    def is_available(cls) -> str | None:
+        """``None`` if this provider can run here, otherwise the reason it cannot."""
+        return None
+
+    @classmethod
+    def validate_options(cls, options: dict[str, Any]) -> dict[str, Any]:
+        """Check and convert provider options; an unknown key is an error."""
+        out = dict(cls.default_options)
+        for k, v in options.items():
+            if k not in cls.option_types:
+                known = ", ".join(sorted(cls.option_types)) or "none"
+                raise InvalidArgument(f"{cls.name}: unknown provider option {k!r} (known: {known})")
+            try:
+                out[k] = cls.option_types[k](v)
+            except (TypeError, ValueError) as e:
+                raise InvalidArgument(f"{cls.name}: bad value {v!r} for option {k!r}: {e}") from None
+        return out
+
+    @classmethod
+    def build_registry(cls) -> KernelRegistry:
+        """Return a new registry with this provider's own kernels."""
+        return KernelRegistry()
+
+    @classmethod
+    def kernel_registry(cls) -> KernelRegistry:
+        """The provider's kernels plus those plugins added (built once per class)."""
+        reg = ExecutionProvider._registries.get(cls)
+        if reg is None:
+            reg = cls.build_registry()
+            from .plugins import plugin_manager
+
+            plugin_manager().hook.onnxrt_register_kernels(provider_name=cls.name, registry=reg)
+            ExecutionProvider._registries[cls] = reg
+        return reg
+
+    # -- per-session ------------------------------------------------------------------
+    def create_device(self) -> Device:
+        """The device this provider's values live on."""
+        return HostDevice()
+
+    def get_capability(self, graph, node_info) -> list[Capability]:
+        """Return the groups of nodes this provider takes among ``graph.nodes``.
+
+        :param graph: an :class:`onnxrt.ir.Graph` whose unassigned nodes have
+            ``provider is None``.
+        :param node_info: a callable ``node -> NodeInfo`` giving types and opsets.
+
+        The default takes every unassigned node it has a kernel for, one at a time.
+        """
+        reg = self.kernel_registry()
+        caps = []
+        for node in graph.nodes:
+            if node.provider is not None:
+                continue
+            kdef, _ = reg.find(node_info(node))
+            if kdef is not None:
+                caps.append(Capability([node]))
+        return caps
+
+    def refusal_reason(self, node_info: NodeInfo) -> str:
+        """Why this provider does not take a node (for the assignment report)."""
+        _, why = self.kernel_registry().find(node_info)
+        return why or "not claimed"
+
+    def create_kernel(self, node_info: NodeInfo) -> Kernel:
+        """Build the kernel for one node this provider took."""
+        return self.kernel_registry().create(node_info)
+
+    def compile(self, capability: Capability, graph, node_info) -> Kernel:
+        """Turn a fused group of nodes into one kernel (compiling providers override)."""
+        raise NotImplementedError(f"{self.name} does not compile fused groups")
+
+    def __repr__(self) -> str:
+        return f"<{self.name} {self.options}>"
+
+
+def is_numpy(value) -> bool:
+    """Whether ``value`` is a host array."""
+    return isinstance(value, np.ndarray)

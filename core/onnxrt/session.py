@@ -1,0 +1,503 @@
+"""``InferenceSession``: load, optimize, partition, plan and run a model.
+
+The steps follow the design: load and check the model, build the IR, expand
+functions no provider has a kernel for, run basic transforms, partition among the
+providers in priority order, run the provider-specific transforms, build kernels
+(compiling fused groups), plan, and then run with per-run state only.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any, Sequence
+
+import numpy as np
+import onnx
+from onnx import ModelProto
+
+from .errors import Fail, InvalidArgument, InvalidGraph, NotImplemented
+from .functions import expand_functions
+from .ir import Graph, Node
+from .kernel import Kernel, NodeInfo, decode_attribute
+from .load import check_versions, load_model
+from .optimizer import OptimizeContext, run_transforms
+from .options import GraphOptimizationLevel, RunOptions, SessionOptions
+from .plan import Plan, PlanBuilder, RunContext, array_root
+from .plugins import provider_registry, resolve_providers
+from .providers import ExecutionProvider, HostDevice
+from .threads import ThreadSettings
+from .types import FeedChecker, NodeArg
+
+__all__ = ["InferenceSession", "ModelMetadata", "Subgraph"]
+
+logger = logging.getLogger("onnxrt")
+
+
+class ModelMetadata:
+    """``session.get_modelmeta()``: the model's descriptive fields."""
+
+    def __init__(self, proto: ModelProto):
+        self.producer_name = proto.producer_name
+        self.graph_name = proto.graph.name
+        self.domain = proto.domain
+        self.description = proto.doc_string
+        self.graph_description = proto.graph.doc_string
+        self.version = proto.model_version
+        self.custom_metadata_map = {p.key: p.value for p in proto.metadata_props}
+
+    def __repr__(self) -> str:
+        return f"ModelMetadata(producer={self.producer_name!r}, graph={self.graph_name!r}, version={self.version})"
+
+
+class Subgraph:
+    """A compiled If/Loop/Scan body: call it with inputs and the outer-scope values.
+
+    ``sub(*inputs, outer={...})`` returns the list of the body's outputs.
+    """
+
+    def __init__(self, plan: Plan, input_names: list[str], output_names: list[str], graph: Graph):
+        self.plan = plan
+        self.input_names = input_names
+        self.output_names = output_names
+        self.graph = graph
+
+    def __call__(self, *inputs, outer: dict | None = None, ctx=None) -> list:
+        feeds = dict(zip(self.input_names, inputs))
+        return self.plan.run(feeds, outer, ctx)
+
+    def __repr__(self) -> str:
+        return f"<Subgraph {self.graph.name!r} {self.input_names} -> {self.output_names}>"
+
+
+class _Built:
+    """Everything a built session holds, swapped atomically by ``set_providers``."""
+
+    def __init__(self):
+        self.providers: list[ExecutionProvider] = []
+        self.plan: Plan | None = None
+        self.graph: Graph | None = None
+        self.assignment: list[dict] = []
+        self.fused: list[dict] = []
+        self.const_roots: set[int] = set()
+
+
+class InferenceSession:
+    """Runs an ONNX model; the API is onnxruntime's.
+
+    :param path_or_bytes: a model path, serialized bytes, or an ``onnx.ModelProto``.
+    :param sess_options: a :class:`SessionOptions`.
+    :param providers: provider names, aliases or ``(name, options)`` tuples, in
+        priority order; ``None`` uses every available provider by default priority.
+    :param provider_options: a list of option dicts, one per entry of ``providers``.
+    """
+
+    def __init__(
+        self,
+        path_or_bytes,
+        sess_options: SessionOptions | None = None,
+        providers: Sequence | None = None,
+        provider_options: Sequence[dict] | None = None,
+        **kwargs,
+    ):
+        if kwargs:
+            unknown = ", ".join(sorted(kwargs))
+            raise InvalidArgument(f"unknown InferenceSession argument(s): {unknown}")
+        if sess_options is not None and not isinstance(sess_options, SessionOptions):
+            raise InvalidArgument(f"sess_options must be a SessionOptions, not {type(sess_options).__name__}")
+        self._sess_options = sess_options or SessionOptions()
+        self._model_path = path_or_bytes if isinstance(path_or_bytes, str) else None
+        from .profiling import Profiler
+
+        self._profiler = Profiler(self._sess_options) if self._sess_options.enable_profiling else None
+        t0 = self._profiler.now() if self._profiler else 0
+        proto, self._model_dir = load_model(path_or_bytes)
+        self._opsets = check_versions(proto)
+        self._proto = proto
+        self._threads = ThreadSettings(self._sess_options.intra_op_num_threads)
+        self._lock = threading.Lock()
+        self._requested = (providers, provider_options)
+        self._built = self._build(providers, provider_options)
+        if self._profiler:
+            self._profiler.session_event("model_loading_and_initialization", t0)
+
+    # -- building -----------------------------------------------------------------------
+    def _typed_proto(self) -> ModelProto:
+        try:
+            return onnx.shape_inference.infer_shapes(self._proto, check_type=False, strict_mode=False)
+        except Exception as e:  # noqa: BLE001 - types help, but are optional
+            logger.info("shape inference failed (%s); continuing without inferred types", e)
+            return self._proto
+
+    def _build(self, providers, provider_options) -> _Built:
+        so = self._sess_options
+        built = _Built()
+        typed = self._typed_proto()
+        graph = Graph.from_proto(typed.graph, self._opsets)
+        self._apply_free_dims(graph)
+        for name, value in so._initializers.items():
+            if name not in graph.initializers:
+                raise InvalidArgument(f"add_initializer: the model has no initializer {name!r}")
+            graph.initializers[name] = np.asarray(getattr(value, "numpy", lambda: value)())
+        self._ir_overridable = self._proto.ir_version >= 4
+        built.providers = resolve_providers(
+            providers, provider_options, so, allow_fallback=so.allow_provider_fallback
+        )
+        info = _NodeInfoFactory(graph)
+        cpu = next(p for p in built.providers if p.name == "CPUExecutionProvider")
+        local_functions = {(f.domain, f.name): f for f in self._proto.functions}
+
+        def has_kernel(node: Node) -> bool:
+            ni = info(node)
+            return any(p.kernel_registry().find(ni)[0] is not None for p in built.providers)
+
+        def walk_expand(g: Graph):
+            expand_functions(g, local_functions, has_kernel, lambda n: info.input_types(n))
+
+        walk_expand(graph)
+        level = int(so.graph_optimization_level)
+        disabled = set(so.disabled_optimizers)
+        unknown = disabled - set(_transformer_names())
+        if unknown:
+            raise InvalidArgument(
+                f"disabled_optimizers names unknown transforms: {', '.join(sorted(unknown))}; "
+                f"known: {', '.join(_transformer_names())}"
+            )
+        octx = OptimizeContext(built.providers, info, cpu.kernel_registry(), so.max_allocation_bytes, so)
+        run_transforms(graph, octx, level, "pre", disabled)
+        self._partition(graph, built, info, top=True)
+        run_transforms(graph, octx, level, "post", disabled)
+        built.graph = graph
+        built.plan = self._compile(graph, built, info, top=True)
+        built.const_roots = {id(array_root(v)) for v in graph.initializers.values()}
+        if so.optimized_model_filepath:
+            self._save_optimized(graph, so.optimized_model_filepath)
+        # the public description of inputs/outputs comes from the original model
+        og = self._proto.graph
+        init_names = {t.name for t in og.initializer} | {t.values.name for t in og.sparse_initializer}
+        types = {vi.name: vi.type for vi in og.input}
+        self._inputs = [NodeArg(vi.name, vi.type) for vi in og.input if vi.name not in init_names]
+        self._overridable = [
+            NodeArg(vi.name, vi.type) for vi in og.input if vi.name in init_names
+        ] if self._ir_overridable else []
+        self._outputs = [NodeArg(vi.name, vi.type) for vi in og.output]
+        required = {a.name for a in self._inputs}
+        feed_types = [(a.name, types.get(a.name)) for a in self._inputs + self._overridable]
+        free = {**so._free_dims_by_name}
+        if free:
+            feed_types = [(n, graph.value_types.get(n, t)) for n, t in feed_types]
+        self._checker = FeedChecker(feed_types, required)
+        self._output_names = [a.name for a in self._outputs]
+        return built
+
+    def _apply_free_dims(self, graph: Graph) -> None:
+        so = self._sess_options
+        if not so._free_dims_by_name and not so._free_dims_by_denotation:
+            return
+        for vi in graph.inputs:
+            tp = graph.value_types.get(vi.name)
+            if tp is None or tp.WhichOneof("value") != "tensor_type":
+                continue
+            for d in tp.tensor_type.shape.dim:
+                if d.HasField("dim_param") and d.dim_param in so._free_dims_by_name:
+                    d.dim_value = so._free_dims_by_name[d.dim_param]
+                elif d.denotation and d.denotation in so._free_dims_by_denotation:
+                    d.dim_value = so._free_dims_by_denotation[d.denotation]
+
+    def _partition(self, graph: Graph, built: _Built, info: "_NodeInfoFactory", top: bool) -> None:
+        providers = built.providers
+        for node in graph.nodes:
+            node.provider = None
+        taken_by: dict[int, int] = {}
+        groups: list[tuple[ExecutionProvider, Any]] = []
+        for pi, p in enumerate(providers):
+            try:
+                caps = p.get_capability(graph, info)
+            except Exception as e:  # noqa: BLE001 - a broken provider must not break the session
+                logger.warning("%s.get_capability failed: %s", p.name, e)
+                continue
+            for cap in caps:
+                nodes = [n for n in cap.nodes if n.provider is None]
+                if not nodes:
+                    continue
+                for n in nodes:
+                    n.provider = p.name
+                    taken_by[id(n)] = pi
+                if len(nodes) > 1 or cap.fused_name:
+                    cap.nodes = nodes
+                    groups.append((p, cap))
+        missing = [n for n in graph.nodes if n.provider is None]
+        if missing:
+            n = missing[0]
+            reasons = "; ".join(f"{p.name}: {p.refusal_reason(info(n))}" for p in providers)
+            raise NotImplemented(
+                f"no provider can run {n.op_type} node {n.name!r} "
+                f"(domain {n.domain or 'ai.onnx'!r}, opset {n.opset}): {reasons}"
+            )
+        graph._fused_groups = groups  # type: ignore[attr-defined]
+        if top:
+            built.assignment = []
+            for node in graph.nodes:
+                pi = taken_by[id(node)]
+                reasons = []
+                for p in providers[:pi]:
+                    reasons.append(f"{p.name}: {p.refusal_reason(info(node))}")
+                built.assignment.append(
+                    {"node": node.name, "op_type": node.op_type, "provider": node.provider,
+                     "reason": "; ".join(reasons)}
+                )
+                if logger.isEnabledFor(logging.DEBUG):
+                    logger.debug("node %s (%s) -> %s %s", node.name, node.op_type, node.provider,
+                                 f"({'; '.join(reasons)})" if reasons else "")
+        for node in graph.nodes:
+            for sg in node.all_subgraphs():
+                self._partition(sg, built, info, top=False)
+
+    def _compile(self, graph: Graph, built: _Built, info: "_NodeInfoFactory", top: bool) -> Plan:
+        so = self._sess_options
+        by_name = {p.name: p for p in built.providers}
+        builder = PlanBuilder(HostDevice(), so.max_allocation_bytes)
+        overridable = set(graph.input_names()) if (self._ir_overridable or not top) else set()
+        for vi in graph.inputs:
+            if vi.name not in graph.initializers:
+                builder.add_input(vi.name)
+        for name, value in graph.initializers.items():
+            builder.add_constant(name, value, overridable=name in overridable)
+        if not top:
+            for name in graph.free_names():
+                if name not in builder.vals:
+                    builder.add_outer(name)
+        constants = {k: v for k, v in graph.initializers.items() if k not in overridable}
+        fused_nodes: dict[int, tuple] = {}
+        for p, cap in getattr(graph, "_fused_groups", []):
+            for n in cap.nodes:
+                fused_nodes[id(n)] = (p, cap)
+        emitted: set[int] = set()
+        for node in graph.nodes:
+            p = by_name[node.provider]
+            if id(node) in fused_nodes:
+                fp, cap = fused_nodes[id(node)]
+                if id(cap) in emitted:
+                    continue
+                emitted.add(id(cap))
+                kernel = fp.compile(cap, graph, info)
+                inputs, outputs = _group_io(graph, cap.nodes)
+                builder.add_step(kernel.run, inputs, outputs, fp.device, cap.fused_name or cap.nodes[0].name,
+                                 "FusedGroup", fp.name)
+                built.fused.append({"provider": fp.name, "nodes": [n.name for n in cap.nodes]})
+                continue
+            ni = info(node, constants)
+            if node.subgraphs:
+                for k, sg in node.subgraphs.items():
+                    if isinstance(sg, list):
+                        ni.attrs[k] = [self._subgraph(s, built, info) for s in sg]
+                    else:
+                        ni.attrs[k] = self._subgraph(sg, built, info)
+            try:
+                kernel = p.create_kernel(ni)
+            except (InvalidArgument, InvalidGraph, NotImplemented):
+                raise
+            except Exception as e:  # noqa: BLE001
+                raise Fail(f"{p.name} could not build the kernel for {ni.describe()}: {type(e).__name__}: {e}") from e
+            builder.add_step(kernel.run, node.inputs, node.outputs, p.device, node.name, node.op_type, p.name,
+                             implicit=ni.implicit_inputs)
+        return builder.build(graph.output_names())
+
+    def _subgraph(self, sg: Graph, built: _Built, info) -> Subgraph:
+        plan = self._compile(sg, built, info, top=False)
+        return Subgraph(plan, sg.input_names(), sg.output_names(), sg)
+
+    def _save_optimized(self, graph: Graph, path: str) -> None:
+        model = onnx.helper.make_model(
+            graph.to_proto(),
+            opset_imports=[onnx.helper.make_opsetid(d, v) for d, v in self._opsets.items()],
+            ir_version=self._proto.ir_version,
+            producer_name="onnxrt",
+        )
+        model.functions.extend(self._proto.functions)
+        onnx.save(model, path)
+
+    # -- introspection -------------------------------------------------------------------
+    def get_inputs(self) -> list[NodeArg]:
+        """The inputs a run must be fed (initializers excluded)."""
+        return list(self._inputs)
+
+    def get_outputs(self) -> list[NodeArg]:
+        """The model's outputs."""
+        return list(self._outputs)
+
+    def get_overridable_initializers(self) -> list[NodeArg]:
+        """Initializers that are also graph inputs, which a feed may replace."""
+        return list(self._overridable)
+
+    def get_modelmeta(self) -> ModelMetadata:
+        """The model's metadata."""
+        return ModelMetadata(self._proto)
+
+    def get_providers(self) -> list[str]:
+        """The providers this session uses, in priority order."""
+        return [p.name for p in self._built.providers]
+
+    def get_provider_options(self) -> dict[str, dict]:
+        """Each provider's validated options, as strings (as onnxruntime returns them)."""
+        return {p.name: {k: str(v) for k, v in p.options.items()} for p in self._built.providers}
+
+    def get_session_options(self) -> SessionOptions:
+        """The options the session was built with."""
+        return self._sess_options
+
+    def get_provider_assignment(self) -> list[dict]:
+        """One dict per main-graph node: ``node``, ``op_type``, ``provider``, ``reason``.
+
+        ``reason`` says why each higher-priority provider did not take the node, and is
+        empty when the first provider took it.
+        """
+        return [dict(d) for d in self._built.assignment]
+
+    def get_fused_groups(self) -> list[dict]:
+        """The groups of nodes providers fused and compiled into one kernel each."""
+        return [dict(d) for d in self._built.fused]
+
+    def get_profiling_start_time_ns(self) -> int:
+        """When profiling started, in nanoseconds since the epoch (0 if off)."""
+        return self._profiler.start_ns if self._profiler else 0
+
+    def set_providers(self, providers=None, provider_options=None) -> None:
+        """Rebuild the session with other providers."""
+        built = self._build(providers, provider_options)
+        with self._lock:
+            self._built = built
+
+    def end_profiling(self) -> str:
+        """Write the profile (Chrome-trace JSON) and return its file name."""
+        if self._profiler is None:
+            return ""
+        return self._profiler.write()
+
+    # -- running -------------------------------------------------------------------------
+    def run(self, output_names, input_feed: dict[str, Any], run_options: RunOptions | None = None) -> list:
+        """Run the model; return the requested outputs (all when ``output_names`` is None)."""
+        built = self._built
+        feeds = self._checker.check(input_feed)
+        names = self._resolve_outputs(output_names)
+        ctx = None
+        if run_options is not None or self._profiler is not None:
+            ctx = RunContext(run_options, self._profiler)
+        t0 = self._profiler.now() if self._profiler else 0
+        with self._threads:
+            outs = built.plan.run(feeds, None, ctx)
+        if self._profiler:
+            self._profiler.session_event("model_run", t0)
+        feed_roots = {id(array_root(v)) for v in feeds.values() if isinstance(v, np.ndarray)}
+        protect = feed_roots | built.const_roots
+        result = []
+        seen: set[int] = set()
+        by_name = dict(zip(self._output_names, outs))
+        for n in names:
+            v = by_name[n]
+            if isinstance(v, np.ndarray):
+                r = id(array_root(v))
+                if r in protect or r in seen:
+                    v = v.copy()
+                seen.add(id(array_root(v)))
+            result.append(v)
+        return result
+
+    def _resolve_outputs(self, output_names) -> list[str]:
+        if output_names is None or (isinstance(output_names, (list, tuple)) and len(output_names) == 0):
+            return list(self._output_names)
+        if isinstance(output_names, str):
+            output_names = [output_names]
+        for n in output_names:
+            if n not in self._output_names:
+                raise InvalidArgument(
+                    f"unknown output {n!r}; the model's outputs are: {', '.join(self._output_names)}"
+                )
+        return list(output_names)
+
+    def run_with_ort_values(self, output_names, input_dict_ort_values: dict, run_options=None) -> list:
+        """Run with ``OrtValue`` feeds; return ``OrtValue`` outputs."""
+        from .ortvalue import OrtValue
+
+        feeds = {k: (v.numpy() if isinstance(v, OrtValue) else v) for k, v in input_dict_ort_values.items()}
+        return [OrtValue.ortvalue_from_numpy(v) if isinstance(v, np.ndarray) else OrtValue(v)
+                for v in self.run(output_names, feeds, run_options)]
+
+    def io_binding(self):
+        """A new :class:`IOBinding` for this session."""
+        from .ortvalue import IOBinding
+
+        return IOBinding(self)
+
+    def run_with_iobinding(self, iobinding, run_options: RunOptions | None = None) -> None:
+        """Run with the inputs and outputs bound on ``iobinding``."""
+        iobinding._run(run_options)
+
+    def __repr__(self) -> str:
+        return f"<InferenceSession providers={self.get_providers()}>"
+
+
+def _transformer_names() -> list[str]:
+    from .optimizer import transformer_registry
+
+    return transformer_registry().names()
+
+
+def _group_io(graph: Graph, nodes: list[Node]) -> tuple[list[str], list[str]]:
+    """External inputs and outputs of a fused group, in first-use order."""
+    inside = {id(n) for n in nodes}
+    produced = {o for n in nodes for o in n.outputs if o}
+    inputs: dict[str, None] = {}
+    for n in nodes:
+        for i in n.inputs:
+            if i and i not in produced:
+                inputs[i] = None
+    used_outside = set(graph.output_names())
+    for n in graph.nodes:
+        if id(n) not in inside:
+            used_outside.update(n.inputs)
+            if n.subgraphs:
+                used_outside.update(n.implicit_inputs())
+    outputs = [o for n in nodes for o in n.outputs if o and o in used_outside]
+    return list(inputs), outputs
+
+
+class _NodeInfoFactory:
+    """Builds :class:`NodeInfo` for IR nodes, with types from the enclosing graphs."""
+
+    def __init__(self, graph: Graph):
+        # value names are unique across a model's scopes, so one table serves all graphs
+        self._types: dict[str, Any] = {}
+        stack = [graph]
+        while stack:
+            g = stack.pop()
+            for k, v in g.value_types.items():
+                self._types.setdefault(k, v)
+            for n in g.nodes:
+                stack.extend(n.all_subgraphs())
+
+    def _types_for(self, node: Node, names: list[str]) -> list:
+        t = self._types
+        return [t.get(n) if n else None for n in names]
+
+    def input_types(self, node: Node) -> list:
+        """The node's input ``TypeProto``s (``None`` where unknown)."""
+        return self._types_for(node, node.inputs)
+
+    def __call__(self, node: Node, constants: dict | None = None) -> NodeInfo:
+        attrs = {k: decode_attribute(a) for k, a in node.attrs.items()}
+        for k, sg in node.subgraphs.items():
+            attrs[k] = sg
+        return NodeInfo(
+            name=node.name,
+            op_type=node.op_type,
+            domain=node.domain,
+            opset=node.opset,
+            attrs=attrs,
+            inputs=list(node.inputs),
+            outputs=list(node.outputs),
+            input_types=self.input_types(node),
+            output_types=self._types_for(node, node.outputs),
+            constants={i: constants[n] for i, n in enumerate(node.inputs) if constants and n in constants},
+            implicit_inputs=node.implicit_inputs() if node.subgraphs else [],
+        )

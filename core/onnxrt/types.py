@@ -1,0 +1,177 @@
+"""Describing and checking values against ONNX ``TypeProto``s: ``NodeArg`` and feed checks."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from onnx import TypeProto
+
+from .dtypes import elem_type_name, np_dtype
+from .errors import InvalidArgument
+
+__all__ = ["NodeArg", "type_to_string", "shape_of", "FeedChecker"]
+
+
+def type_to_string(tp: TypeProto | None) -> str:
+    """onnxruntime's type string: ``tensor(float)``, ``seq(tensor(int64))``, ``map(string,tensor(float))``."""
+    if tp is None:
+        return "unknown"
+    which = tp.WhichOneof("value")
+    if which == "tensor_type":
+        return f"tensor({elem_type_name(tp.tensor_type.elem_type)})" if tp.tensor_type.elem_type else "tensor(undefined)"
+    if which == "sequence_type":
+        return f"seq({type_to_string(tp.sequence_type.elem_type)})"
+    if which == "map_type":
+        return f"map({elem_type_name(tp.map_type.key_type)},{type_to_string(tp.map_type.value_type)})"
+    if which == "optional_type":
+        return f"optional({type_to_string(tp.optional_type.elem_type)})"
+    if which == "sparse_tensor_type":
+        return f"sparse_tensor({elem_type_name(tp.sparse_tensor_type.elem_type)})"
+    return "unknown"
+
+
+def shape_of(tp: TypeProto | None) -> list[int | str | None] | None:
+    """The declared shape: ints, symbolic names, or ``None`` for unknown dimensions."""
+    if tp is None:
+        return None
+    which = tp.WhichOneof("value")
+    if which == "tensor_type":
+        tt = tp.tensor_type
+    elif which == "sparse_tensor_type":
+        tt = tp.sparse_tensor_type
+    else:
+        return []
+    if not tt.HasField("shape"):
+        return None
+    out: list[int | str | None] = []
+    for d in tt.shape.dim:
+        if d.HasField("dim_value"):
+            out.append(int(d.dim_value))
+        elif d.HasField("dim_param"):
+            out.append(d.dim_param)
+        else:
+            out.append(None)
+    return out
+
+
+class NodeArg:
+    """A graph input or output as onnxruntime describes it: ``name``, ``type``, ``shape``."""
+
+    def __init__(self, name: str, tp: TypeProto | None):
+        self.name = name
+        self.type = type_to_string(tp)
+        self.shape = shape_of(tp)
+        self._tp = tp
+
+    def __repr__(self) -> str:
+        return f"NodeArg(name={self.name!r}, type={self.type!r}, shape={self.shape!r})"
+
+
+class FeedChecker:
+    """Validates a feed against the graph's declared input types, with precise errors."""
+
+    def __init__(self, inputs: list[tuple[str, TypeProto | None]], required: set[str]):
+        self.inputs = dict(inputs)
+        self.order = [n for n, _ in inputs]
+        self.required = required
+        self._dtypes: dict[str, np.dtype | None] = {}
+        self._shapes: dict[str, list | None] = {}
+        for name, tp in inputs:
+            if tp is not None and tp.WhichOneof("value") == "tensor_type" and tp.tensor_type.elem_type:
+                try:
+                    self._dtypes[name] = np_dtype(tp.tensor_type.elem_type)
+                except TypeError:
+                    self._dtypes[name] = None
+            else:
+                self._dtypes[name] = None
+            self._shapes[name] = shape_of(tp) if tp is not None and tp.WhichOneof("value") == "tensor_type" else None
+
+    def check(self, feeds: dict[str, Any]) -> dict[str, Any]:
+        """Return the feed with values normalized (e.g. strings to object arrays)."""
+        if not isinstance(feeds, dict):
+            raise InvalidArgument(f"input_feed must be a dict of name -> value, not {type(feeds).__name__}")
+        for name in feeds:
+            if name not in self.inputs:
+                expected = ", ".join(self.order) or "none"
+                raise InvalidArgument(f"unknown input {name!r}; the model's inputs are: {expected}")
+        missing = [n for n in self.order if n in self.required and n not in feeds]
+        if missing:
+            raise InvalidArgument(
+                f"missing input{'s' if len(missing) > 1 else ''} {', '.join(repr(m) for m in missing)}; "
+                f"the model needs: {', '.join(sorted(self.required, key=self.order.index))}"
+            )
+        out = {}
+        bound: dict[str, tuple[int, str]] = {}
+        for name, value in feeds.items():
+            out[name] = self._check_one(name, value, bound)
+        return out
+
+    def _check_one(self, name: str, value: Any, bound: dict) -> Any:
+        tp = self.inputs[name]
+        kind = tp.WhichOneof("value") if tp is not None else None
+        if kind == "sequence_type":
+            if not isinstance(value, list):
+                raise InvalidArgument(f"input {name!r} expects a sequence (a list of arrays), got {type(value).__name__}")
+            et = tp.sequence_type.elem_type
+            if et.WhichOneof("value") == "tensor_type" and et.tensor_type.elem_type:
+                want = np_dtype(et.tensor_type.elem_type)
+                for i, v in enumerate(value):
+                    if not isinstance(v, np.ndarray):
+                        raise InvalidArgument(f"input {name!r}[{i}] must be a numpy array, got {type(v).__name__}")
+                    if v.dtype != want and not (want == object and v.dtype.kind in "US"):
+                        raise InvalidArgument(f"input {name!r}[{i}] has dtype {v.dtype}; expected {want}")
+            return list(value)
+        if kind == "optional_type":
+            if value is None:
+                return None
+            return value
+        if kind == "map_type":
+            return value
+        # a tensor (or an input of unknown type)
+        if isinstance(value, np.generic):
+            value = np.asarray(value)
+        if not isinstance(value, np.ndarray):
+            if hasattr(value, "__array__") and not isinstance(value, (list, tuple, dict, str)):
+                value = np.asarray(value)
+            else:
+                raise InvalidArgument(
+                    f"input {name!r} must be a numpy array, got {type(value).__name__}"
+                )
+        want = self._dtypes.get(name)
+        if want is not None and value.dtype != want:
+            if want == object and value.dtype.kind in "US":
+                value = value.astype(object)
+            else:
+                raise InvalidArgument(
+                    f"input {name!r} has dtype {value.dtype}; the model expects {want} "
+                    f"({type_to_string(tp)}); cast it explicitly"
+                )
+        shape = self._shapes.get(name)
+        if shape is not None:
+            if value.ndim != len(shape):
+                raise InvalidArgument(
+                    f"input {name!r} has rank {value.ndim} (shape {list(value.shape)}); "
+                    f"the model expects rank {len(shape)} {_fmt_shape(shape)}"
+                )
+            for axis, (want_d, got_d) in enumerate(zip(shape, value.shape)):
+                if isinstance(want_d, int):
+                    if want_d != got_d:
+                        raise InvalidArgument(
+                            f"input {name!r} has size {got_d} in dimension {axis}; the model expects "
+                            f"{want_d} {_fmt_shape(shape)}, got {list(value.shape)}"
+                        )
+                elif isinstance(want_d, str) and want_d:
+                    prev = bound.get(want_d)
+                    if prev is None:
+                        bound[want_d] = (got_d, name)
+                    elif prev[0] != got_d:
+                        raise InvalidArgument(
+                            f"symbolic dimension {want_d!r} is {prev[0]} in input {prev[1]!r} but "
+                            f"{got_d} in input {name!r} (dimension {axis})"
+                        )
+        return value
+
+
+def _fmt_shape(shape: list) -> str:
+    return "[" + ", ".join("?" if d is None else str(d) for d in shape) + "]"

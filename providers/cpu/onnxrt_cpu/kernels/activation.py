@@ -1,0 +1,372 @@
+"""Activation functions: Relu and friends, the Swish family, Gelu, and the
+normalising Softmax / LogSoftmax / Hardmax.
+
+Float32 stays float32; float16 and bfloat16 are computed in float32 and cast back,
+since these formulas chain several roundings. Exponentials are arranged so that
+they never overflow (Sigmoid, Softplus, Softmax).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import numpy as np
+
+from onnxrt.kernel import Kernel
+
+from ..registry import op
+from .math import erf, is_low_float
+
+_F32 = np.dtype(np.float32)
+
+
+def _float_compute(fn):
+    """Run ``fn(k, x, ...)`` on float32 for narrow floats and cast the result back."""
+
+    @functools.wraps(fn)
+    def wrapper(k, x, *args, **kw):
+        dt = x.dtype
+        if is_low_float(dt):
+            args = tuple(a.astype(_F32) if isinstance(a, np.ndarray) else a for a in args)
+            y = fn(k, x.astype(_F32), *args, **kw)
+            return y.astype(dt)
+        with np.errstate(over="ignore", invalid="ignore", under="ignore"):
+            return fn(k, x, *args, **kw)
+
+    return wrapper
+
+
+def _sigmoid(xp, x):
+    # 1 / (1 + exp(-x)): exp overflows to inf only where the true result is below
+    # the smallest normal float, and 1 / inf = 0 is then the right answer. This
+    # avoids a data-dependent select, which is slow on random signs.
+    t = xp.negative(x)
+    xp.exp(t, out=t)
+    t += 1
+    return xp.divide(1, t, out=t)
+
+
+def _log1p(xp, t):
+    """log(1 + t) for t >= 0, accurate for tiny t (numpy's log1p is slow)."""
+    u = t + 1
+    # log(u) corrected by the rounding error of 1 + t; when u == 1 this gives t
+    corr = u - 1
+    corr -= t
+    corr /= u
+    y = xp.log(u, out=u)
+    y -= corr
+    return y
+
+
+def _softplus(xp, x):
+    # max(x, 0) + log(1 + exp(-|x|)) never overflows
+    t = xp.abs(x)
+    xp.negative(t, out=t)
+    xp.exp(t, out=t)
+    y = _log1p(xp, t)
+    y += xp.maximum(x, 0)
+    return y
+
+
+def _amax(x, axis):
+    """``x.max(axis, keepdims=True)``; numpy reduces short contiguous rows slowly, so
+    the last axis is folded in halves with elementwise maxima instead."""
+    n = x.shape[axis]
+    if axis != x.ndim - 1 or not 8 <= n < 512:
+        return x.max(axis=axis, keepdims=True)
+    m = x
+    while n > 1:
+        h = n // 2
+        r = np.maximum(m[..., :h], m[..., h : 2 * h])
+        if n % 2:
+            np.maximum(r[..., :1], m[..., 2 * h :], out=r[..., :1])
+        m, n = r, h
+    return m
+
+
+@op("Relu", since=1)
+def relu(k, x):
+    """ONNX Relu (integer types from opset 14)."""
+    return k.xp.maximum(x, x.dtype.type(0))
+
+
+@op("LeakyRelu", since=1)
+@_float_compute
+def leaky_relu(k, x, *, alpha=0.01):
+    """ONNX LeakyRelu."""
+    xp = k.xp
+    # x for x >= 0, alpha * x below: the larger of the two when alpha <= 1
+    return (xp.maximum if alpha <= 1 else xp.minimum)(x, x * alpha)
+
+
+@op("PRelu", since=1)
+def prelu(k, x, slope):
+    """ONNX PRelu; ``slope`` broadcasts unidirectionally to ``x``."""
+    xp = k.xp
+    if k.node.opset < 7 and slope.ndim == 1 and x.ndim > 2 and slope.shape[0] == x.shape[1] != x.shape[-1]:
+        # before opset 7 a per-channel slope ran along axis 1
+        slope = slope.reshape((-1,) + (1,) * (x.ndim - 2))
+    try:
+        shape = np.broadcast_shapes(x.shape, slope.shape)
+    except ValueError:
+        shape = None
+    if shape != x.shape:
+        raise ValueError(
+            f"{k.node.describe()}: slope shape {slope.shape} does not broadcast to input shape {x.shape}"
+        )
+    dt = x.dtype
+    xf = x.astype(_F32) if is_low_float(dt) else x
+    # min(x, 0) * slope + max(x, 0): no data-dependent select
+    y = xp.minimum(xf, 0)
+    y *= slope.astype(xf.dtype, copy=False)
+    y += xp.maximum(xf, 0)
+    return y.astype(dt, copy=False)
+
+
+@op("Elu", since=1)
+@_float_compute
+def elu(k, x, *, alpha=1.0):
+    """ONNX Elu."""
+    xp = k.xp
+    y = xp.expm1(xp.minimum(x, 0))
+    y *= alpha
+    y += xp.maximum(x, 0)
+    return y
+
+
+@op("Selu", since=1)
+@_float_compute
+def selu(k, x, *, alpha=1.67326319217681884765625, gamma=1.05070102214813232421875):
+    """ONNX Selu."""
+    xp = k.xp
+    y = xp.expm1(xp.minimum(x, 0))
+    y *= alpha
+    y += xp.maximum(x, 0)
+    y *= gamma
+    return y
+
+
+@op("Celu", since=12)
+@_float_compute
+def celu(k, x, *, alpha=1.0):
+    """ONNX Celu: max(0, x) + min(0, alpha * (exp(x / alpha) - 1))."""
+    xp = k.xp
+    if alpha == 0:
+        raise ValueError(f"{k.node.describe()}: alpha must be nonzero")
+    neg = xp.expm1(xp.minimum(x, 0) / alpha) * alpha
+    return xp.maximum(x, 0) + xp.minimum(neg, 0)
+
+
+@op("Sigmoid", since=1)
+@_float_compute
+def sigmoid(k, x):
+    """ONNX Sigmoid, numerically stable for large |x|."""
+    return _sigmoid(k.xp, x)
+
+
+@op("HardSigmoid", since=1)
+@_float_compute
+def hard_sigmoid(k, x, *, alpha=0.20000000298023224, beta=0.5):
+    """ONNX HardSigmoid: max(0, min(1, alpha * x + beta))."""
+    xp = k.xp
+    y = x * alpha
+    y += beta
+    return xp.clip(y, 0, 1, out=y)
+
+
+@op("HardSwish", since=14)
+@_float_compute
+def hard_swish(k, x):
+    """ONNX HardSwish: x * max(0, min(1, x / 6 + 0.5))."""
+    xp = k.xp
+    y = x * (1.0 / 6.0)
+    y += 0.5
+    xp.clip(y, 0, 1, out=y)
+    y *= x
+    return y
+
+
+@op("Softplus", since=1)
+@_float_compute
+def softplus(k, x):
+    """ONNX Softplus: log(1 + exp(x)), without overflow."""
+    return _softplus(k.xp, x)
+
+
+@op("Softsign", since=1)
+@_float_compute
+def softsign(k, x):
+    """ONNX Softsign: x / (1 + |x|)."""
+    xp = k.xp
+    d = xp.abs(x)
+    d += 1
+    return x / d
+
+
+@op("ThresholdedRelu", since=10)
+@_float_compute
+def thresholded_relu(k, x, *, alpha=1.0):
+    """ONNX ThresholdedRelu: x where x > alpha, else 0."""
+    return k.xp.multiply(x, x > alpha)
+
+
+@op("Shrink", since=9)
+def shrink(k, x, *, lambd=0.5, bias=0.0):
+    """ONNX Shrink, on float and integer types."""
+    xp = k.xp
+    dt = x.dtype
+    xf = x.astype(_F32) if is_low_float(dt) else x
+    if dt.kind in "iu":
+        # compare and offset exactly, in double, then return to the integer type
+        xd = xf.astype(np.float64)
+        y = xp.where(xd < -lambd, xd + bias, xp.where(xd > lambd, xd - bias, 0.0))
+        return y.astype(dt)
+    y = xp.where(xf < -lambd, xf + bias, xp.where(xf > lambd, xf - bias, xf.dtype.type(0)))
+    return y.astype(dt, copy=False)
+
+
+@op("Gelu", since=20)
+@_float_compute
+def gelu(k, x, *, approximate="none"):
+    """ONNX Gelu, exact (erf) or with the tanh approximation."""
+    xp = k.xp
+    if approximate == "tanh":
+        inner = x * x
+        inner *= 0.044715
+        inner += 1
+        inner *= x
+        inner *= math.sqrt(2.0 / math.pi)
+        y = xp.tanh(inner)
+    elif approximate == "none":
+        y = erf(x * (1.0 / math.sqrt(2.0)))
+    else:
+        raise ValueError(f"{k.node.describe()}: approximate must be 'none' or 'tanh', got {approximate!r}")
+    y += 1
+    y *= x
+    y *= 0.5
+    return y
+
+
+@op("Mish", since=18)
+@_float_compute
+def mish(k, x):
+    """ONNX Mish: x * tanh(softplus(x))."""
+    xp = k.xp
+    # tanh(log(1 + t)) = n / (n + 2) with t = exp(x), n = t * (t + 2); beyond x = 20
+    # the ratio is 1 in every float type, so clamping keeps n finite
+    t = xp.minimum(x, 20)
+    xp.exp(t, out=t)
+    n = t + 2
+    n *= t
+    d = n + 2
+    n /= d
+    n *= x
+    return n
+
+
+@op("Swish", since=24)
+@_float_compute
+def swish(k, x, *, alpha=1.0):
+    """ONNX Swish: x * sigmoid(alpha * x)."""
+    y = _sigmoid(k.xp, x * alpha if alpha != 1.0 else x)
+    y *= x
+    return y
+
+
+@op("SwiGLU", since=28)
+def swiglu(k, a, b, *, alpha=1.0):
+    """ONNX SwiGLU: Swish_alpha(A) * B, for equal shapes (no broadcasting)."""
+    if a.shape != b.shape:
+        raise ValueError(f"{k.node.describe()}: A and B must have the same shape, got {a.shape} and {b.shape}")
+    if a.dtype != b.dtype:
+        raise TypeError(f"{k.node.describe()}: A and B types differ ({a.dtype} and {b.dtype})")
+    xp = k.xp
+    dt = a.dtype
+    low = is_low_float(dt)
+    af, bf = (a.astype(_F32), b.astype(_F32)) if low else (a, b)
+    with np.errstate(over="ignore", invalid="ignore", under="ignore"):
+        y = _sigmoid(xp, af * alpha if alpha != 1.0 else af)
+        y *= af
+        y *= bf
+    return y.astype(dt) if low else y
+
+
+# -- Softmax family ------------------------------------------------------------------
+
+
+class _Normalize(Kernel):
+    """Shared axis handling: before opset 13 the input is coerced to 2D at ``axis``."""
+
+    native_narrow = False
+
+    def setup(self):
+        self.legacy = self.node.opset < 13
+        self.axis = int(self.attrs.get("axis", 1 if self.legacy else -1))
+
+    def _apply(self, x):
+        raise NotImplementedError
+
+    def run(self, x):
+        nd = x.ndim
+        axis = self.axis
+        hi = nd if self.legacy else nd - 1
+        if not -nd <= axis <= hi or nd == 0:
+            raise ValueError(f"{self.node.describe()}: axis {self.axis} out of range for rank {nd}")
+        if axis < 0:
+            axis += nd
+        dt = x.dtype
+        xf = x if self.native_narrow or not is_low_float(dt) else x.astype(_F32)
+        if self.legacy:
+            n = math.prod(x.shape[:axis])
+            y = self._apply(xf.reshape(n, -1), 1).reshape(x.shape)
+        else:
+            y = self._apply(xf, axis)
+        return (y.astype(dt, copy=False),)
+
+
+@op("Softmax", since=1)
+class Softmax(_Normalize):
+    """ONNX Softmax, shifted by the maximum so that exp never overflows.
+
+    float16 and bfloat16 are computed in their own type, rounding after each step
+    as the ONNX reference does: attention graphs built from Softmax are checked
+    against that rounding to within less than one ulp of those types.
+    """
+
+    native_narrow = True
+
+    def _apply(self, x, axis):
+        if x.size == 0:
+            return x.copy()
+        with np.errstate(invalid="ignore", over="ignore", under="ignore"):
+            y = x - _amax(x, axis)
+            np.exp(y, out=y)
+            y /= y.sum(axis=axis, keepdims=True)
+        return y
+
+
+@op("LogSoftmax", since=1)
+class LogSoftmax(_Normalize):
+    """ONNX LogSoftmax: x - max - log(sum(exp(x - max)))."""
+
+    def _apply(self, x, axis):
+        if x.size == 0:
+            return x.copy()
+        with np.errstate(invalid="ignore", over="ignore", under="ignore", divide="ignore"):
+            y = x - _amax(x, axis)
+            y -= np.log(np.exp(y).sum(axis=axis, keepdims=True))
+        return y
+
+
+@op("Hardmax", since=1)
+class Hardmax(_Normalize):
+    """ONNX Hardmax: 1 at the first maximum along the axis, 0 elsewhere."""
+
+    def _apply(self, x, axis):
+        y = np.zeros_like(x)
+        if x.size == 0:
+            return y
+        idx = np.argmax(x, axis=axis, keepdims=True)
+        np.put_along_axis(y, idx, 1, axis=axis)
+        return y

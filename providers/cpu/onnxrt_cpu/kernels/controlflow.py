@@ -1,0 +1,193 @@
+"""Control flow: If, Loop, Scan and SequenceMap.
+
+Their bodies arrive as compiled :class:`onnxrt.session.Subgraph` objects in the
+attributes; the values the bodies read from the enclosing scope arrive as
+``outer=`` when the node runs, and are passed straight through to the body.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from onnxrt.dtypes import np_dtype
+from onnxrt.kernel import Kernel
+
+from ..registry import op
+
+
+def _output_dtype(body, i: int, fallback=np.float32):
+    vi = body.graph.outputs[i]
+    tp = vi.type
+    if tp.HasField("tensor_type") and tp.tensor_type.elem_type:
+        return np_dtype(tp.tensor_type.elem_type)
+    return np.dtype(fallback)
+
+
+def _output_rank_shape(body, i: int):
+    tp = body.graph.outputs[i].type
+    if tp.HasField("tensor_type") and tp.tensor_type.HasField("shape"):
+        return [d.dim_value if d.HasField("dim_value") else 0 for d in tp.tensor_type.shape.dim]
+    return None
+
+
+@op("If", since=1)
+class If(Kernel):
+    """Runs ``then_branch`` or ``else_branch``."""
+
+    def setup(self):
+        self.then_branch = self.attrs["then_branch"]
+        self.else_branch = self.attrs["else_branch"]
+
+    def run(self, cond, outer=None, ctx=None):
+        c = np.asarray(cond)
+        if c.size != 1:
+            raise ValueError(f"If condition must hold one element, got shape {list(c.shape)}")
+        branch = self.then_branch if bool(c.reshape(-1)[0]) else self.else_branch
+        return branch(outer=outer, ctx=ctx)
+
+
+@op("Loop", since=1)
+class Loop(Kernel):
+    """A loop with a trip count and/or a condition, carried values and scan outputs."""
+
+    def setup(self):
+        self.body = self.attrs["body"]
+        n_body_in = len(self.body.input_names)
+        self.n_carried = n_body_in - 2
+        self.n_scan = len(self.body.output_names) - 1 - self.n_carried
+
+    def run(self, M=None, cond=None, *carried, outer=None, ctx=None):
+        max_trip = None if M is None else int(np.asarray(M).reshape(-1)[0])
+        keep_going = True if cond is None else bool(np.asarray(cond).reshape(-1)[0])
+        values = list(carried)
+        scans: list[list] = [[] for _ in range(self.n_scan)]
+        i = 0
+        ro = getattr(ctx, "run_options", None)
+        while keep_going and (max_trip is None or i < max_trip):
+            if ro is not None and ro.terminate:
+                from onnxrt.errors import RuntimeException
+
+                raise RuntimeException("the run was terminated (RunOptions.terminate) inside a Loop")
+            outs = self.body(np.array(i, dtype=np.int64), np.array(keep_going), *values, outer=outer, ctx=ctx)
+            keep_going = bool(np.asarray(outs[0]).reshape(-1)[0])
+            values = list(outs[1 : 1 + self.n_carried])
+            for k in range(self.n_scan):
+                scans[k].append(outs[1 + self.n_carried + k])
+            i += 1
+        results = list(values)
+        for k in range(self.n_scan):
+            if scans[k]:
+                if isinstance(scans[k][0], list):
+                    results.append(scans[k])
+                else:
+                    results.append(np.stack([np.asarray(s) for s in scans[k]]))
+            else:
+                shape = _output_rank_shape(self.body, 1 + self.n_carried + k)
+                dt = _output_dtype(self.body, 1 + self.n_carried + k)
+                results.append(np.empty([0] + (shape or []), dtype=dt))
+        return results
+
+
+@op("Scan", since=8, end=8)
+class Scan8(Kernel):
+    """Scan, opset 8: a leading batch axis and optional sequence lengths."""
+
+    def setup(self):
+        self.body = self.attrs["body"]
+        self.n_scan_in = self.attrs["num_scan_inputs"]
+        self.directions = self.attrs.get("directions", [0] * self.n_scan_in)
+
+    def run(self, sequence_lens=None, *inputs, outer=None, ctx=None):
+        n_state = len(inputs) - self.n_scan_in
+        states = inputs[:n_state]
+        scans = inputs[n_state:]
+        batch = (states[0] if states else scans[0]).shape[0]
+        per_batch = []
+        for b in range(batch):
+            st = [s[b] for s in states]
+            sc = [s[b] for s in scans]
+            length = sc[0].shape[0] if sequence_lens is None else int(sequence_lens[b])
+            outs_s = []
+            for t in range(length):
+                args = [x[length - 1 - t] if self.directions[j] else x[t] for j, x in enumerate(sc)]
+                out = self.body(*st, *args, outer=outer, ctx=ctx)
+                st = out[:n_state]
+                outs_s.append(out[n_state:])
+            per_batch.append((st, outs_s))
+        n_out_scan = len(self.body.output_names) - n_state
+        res = [np.stack([pb[0][k] for pb in per_batch]) for k in range(n_state)]
+        for k in range(n_out_scan):
+            res.append(np.stack([np.stack([o[k] for o in pb[1]]) for pb in per_batch]))
+        return res
+
+
+@op("Scan", since=9)
+class Scan(Kernel):
+    """Scan, opset 9 and later: scan axes and directions per input and output."""
+
+    def setup(self):
+        self.body = self.attrs["body"]
+        self.n_scan_in = self.attrs["num_scan_inputs"]
+        a = self.attrs
+        self.in_axes = a.get("scan_input_axes", [0] * self.n_scan_in)
+        self.in_dirs = a.get("scan_input_directions", [0] * self.n_scan_in)
+        self.n_state = len(self.body.input_names) - self.n_scan_in
+        n_out_scan = len(self.body.output_names) - self.n_state
+        self.out_axes = a.get("scan_output_axes", [0] * n_out_scan)
+        self.out_dirs = a.get("scan_output_directions", [0] * n_out_scan)
+
+    def run(self, *inputs, outer=None, ctx=None):
+        n_state = self.n_state
+        states = list(inputs[:n_state])
+        scans = []
+        for j, x in enumerate(inputs[n_state:]):
+            ax = self.in_axes[j] % x.ndim if x.ndim else 0
+            x = np.moveaxis(x, ax, 0)
+            if self.in_dirs[j]:
+                x = x[::-1]
+            scans.append(x)
+        length = scans[0].shape[0] if scans else 0
+        for j, x in enumerate(scans):
+            if x.shape[0] != length:
+                raise ValueError(f"Scan input {n_state + j} has {x.shape[0]} steps, expected {length}")
+        collected: list[list] = [[] for _ in self.out_axes]
+        for t in range(length):
+            out = self.body(*states, *[x[t] for x in scans], outer=outer, ctx=ctx)
+            states = list(out[:n_state])
+            for k, v in enumerate(out[n_state:]):
+                collected[k].append(v)
+        results = states
+        for k, vals in enumerate(collected):
+            if vals:
+                y = np.stack(vals)
+            else:
+                y = np.empty([0] + (_output_rank_shape(self.body, n_state + k) or []),
+                             dtype=_output_dtype(self.body, n_state + k))
+            if self.out_dirs[k]:
+                y = y[::-1]
+            ax = self.out_axes[k]
+            if ax:
+                y = np.moveaxis(y, 0, ax % y.ndim)
+            results.append(np.ascontiguousarray(y))
+        return results
+
+
+@op("SequenceMap", since=17)
+class SequenceMap(Kernel):
+    """Applies the body to each element of the input sequence(s)."""
+
+    def setup(self):
+        self.body = self.attrs["body"]
+
+    def run(self, seq, *extra, outer=None, ctx=None):
+        n = len(seq)
+        for j, e in enumerate(extra):
+            if isinstance(e, list) and len(e) != n:
+                raise ValueError(f"SequenceMap: input {j + 1} has {len(e)} elements, expected {n}")
+        outs: list[list] = [[] for _ in self.body.output_names]
+        for i in range(n):
+            args = [seq[i]] + [e[i] if isinstance(e, list) else e for e in extra]
+            res = self.body(*args, outer=outer, ctx=ctx)
+            for k, v in enumerate(res):
+                outs[k].append(v)
+        return outs

@@ -1,0 +1,182 @@
+"""Matrix products: MatMul, Gemm and com.microsoft FusedMatMul.
+
+Both hand the work to ``np.matmul`` so a BLAS library does it. Half-precision floats
+(float16, bfloat16) are multiplied in float32 and rounded once at the end, which is
+both more accurate and far faster than numpy's element-by-element half loops.
+Constant right-hand operands are prepacked once per node: converted to the compute
+dtype and, for Gemm, transposed into a contiguous matrix with ``alpha`` folded in,
+so a run is one matmul plus the bias.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from onnxrt.kernel import Kernel
+
+from ..registry import op
+
+__all__ = ["MatMul", "Gemm", "FusedMatMul"]
+
+
+def _compute_dtype(dt: np.dtype) -> np.dtype:
+    """The dtype a product of ``dt`` operands is computed in."""
+    if dt.kind == "f" and dt.itemsize >= 4:
+        return dt
+    if dt.kind in "iub":
+        return dt
+    # float16 and the ml_dtypes floats
+    return np.dtype(np.float32)
+
+
+def _as_compute(x: np.ndarray, cdt: np.dtype) -> np.ndarray:
+    return x if x.dtype == cdt else x.astype(cdt)
+
+
+@op("MatMul", since=1)
+class MatMul(Kernel):
+    """Matrix product with numpy ``matmul`` semantics (1-D operands, broadcast batches)."""
+
+    def setup(self):
+        b = self.node.constants.get(1)
+        self.b_packed = None
+        if b is not None and b.ndim >= 1:
+            cdt = _compute_dtype(b.dtype)
+            self.b_packed = np.ascontiguousarray(_as_compute(b, cdt))
+
+    def run(self, a, b):
+        if a.dtype != b.dtype:
+            raise ValueError(f"{self.node.describe()}: operands have different dtypes {a.dtype} and {b.dtype}")
+        if a.ndim == 0 or b.ndim == 0:
+            raise ValueError(f"{self.node.describe()}: operands must have rank >= 1, got shapes {a.shape} and {b.shape}")
+        out_dt = a.dtype
+        cdt = _compute_dtype(out_dt)
+        bb = self.b_packed if self.b_packed is not None and self.b_packed.shape == b.shape else _as_compute(b, cdt)
+        try:
+            y = np.matmul(_as_compute(a, cdt), bb)
+        except ValueError as e:
+            raise ValueError(
+                f"{self.node.describe()}: cannot multiply shapes {a.shape} and {b.shape}: {e}"
+            ) from None
+        return (y if y.dtype == out_dt else y.astype(out_dt),)
+
+
+@op("Gemm", since=1)
+class Gemm(Kernel):
+    """``Y = alpha * A' @ B' + beta * C`` with optional transposes and a broadcast ``C``."""
+
+    def setup(self):
+        a = self.attrs
+        self.alpha = float(a.get("alpha", 1.0))
+        self.beta = float(a.get("beta", 1.0))
+        self.trans_a = bool(a.get("transA", 0))
+        self.trans_b = bool(a.get("transB", 0))
+        self.b_packed = None
+        self.alpha_in_b = False
+        b = self.node.constants.get(1)
+        if b is not None and b.ndim == 2:
+            cdt = _compute_dtype(b.dtype)
+            bp = _as_compute(b, cdt)
+            bp = bp.T if self.trans_b else bp
+            if cdt.kind == "f" and self.alpha != 1.0:
+                bp = bp * cdt.type(self.alpha)
+                self.alpha_in_b = True
+            self.b_packed = np.ascontiguousarray(bp)
+        self.c_packed = None
+        c = self.node.constants.get(2)
+        if c is not None and self.beta != 0.0:
+            cdt = _compute_dtype(c.dtype)
+            if cdt.kind == "f":
+                self.c_packed = _as_compute(c, cdt) * cdt.type(self.beta)
+
+    def run(self, a, b, c=None):
+        desc = self.node.describe()
+        if a.ndim != 2 or b.ndim != 2:
+            raise ValueError(f"{desc}: A and B must be 2-D, got shapes {a.shape} and {b.shape}")
+        out_dt = a.dtype
+        cdt = _compute_dtype(out_dt)
+        aa = _as_compute(a, cdt)
+        if self.trans_a:
+            aa = aa.T
+        if self.b_packed is not None and self.b_packed.dtype == cdt:
+            bb, alpha_done = self.b_packed, self.alpha_in_b
+        else:
+            bb = _as_compute(b, cdt)
+            if self.trans_b:
+                bb = bb.T
+            alpha_done = False
+        if aa.shape[1] != bb.shape[0]:
+            raise ValueError(
+                f"{desc}: inner dimensions differ: A' is {aa.shape}, B' is {bb.shape} "
+                f"(transA={int(self.trans_a)}, transB={int(self.trans_b)})"
+            )
+        y = np.matmul(aa, bb)
+        if cdt.kind == "f":
+            if not alpha_done and self.alpha != 1.0:
+                y *= cdt.type(self.alpha)
+        elif self.alpha != 1.0:
+            y = (y * self.alpha).astype(cdt)
+        if c is not None and self.beta != 0.0:
+            m, n = y.shape
+            if c.ndim > 2 or any(d not in (1, t) for d, t in zip(c.shape[::-1], (n, m))):
+                raise ValueError(f"{desc}: C of shape {c.shape} does not broadcast to the output shape {y.shape}")
+            if self.c_packed is not None and self.c_packed.shape == c.shape and self.c_packed.dtype == cdt:
+                y += self.c_packed
+            elif cdt.kind == "f":
+                cc = _as_compute(c, cdt)
+                y += cc if self.beta == 1.0 else cc * cdt.type(self.beta)
+            elif self.beta == 1.0:
+                y += c.astype(cdt, copy=False)
+            else:
+                y = (y + c * self.beta).astype(cdt)
+        return (y if y.dtype == out_dt else y.astype(out_dt),)
+
+
+def _no_batch_transpose(node) -> str | None:
+    if node.attrs.get("transBatchA", 0) or node.attrs.get("transBatchB", 0):
+        return "transBatchA/transBatchB are not supported"
+    return None
+
+
+@op("FusedMatMul", since=1, domain="com.microsoft", accepts=_no_batch_transpose)
+class FusedMatMul(Kernel):
+    """``alpha * A' @ B'`` where ``'`` optionally swaps the last two axes."""
+
+    def setup(self):
+        a = self.attrs
+        self.alpha = float(a.get("alpha", 1.0))
+        self.trans_a = bool(a.get("transA", 0))
+        self.trans_b = bool(a.get("transB", 0))
+        self.b_packed = None
+        b = self.node.constants.get(1)
+        if b is not None and b.ndim >= 2:
+            cdt = _compute_dtype(b.dtype)
+            bp = _as_compute(b, cdt)
+            if self.trans_b:
+                bp = bp.swapaxes(-1, -2)
+            if self.alpha != 1.0:
+                bp = bp * cdt.type(self.alpha)
+            self.b_packed = np.ascontiguousarray(bp)
+
+    def run(self, a, b):
+        desc = self.node.describe()
+        if a.dtype != b.dtype:
+            raise ValueError(f"{desc}: operands have different dtypes {a.dtype} and {b.dtype}")
+        out_dt = a.dtype
+        cdt = _compute_dtype(out_dt)
+        aa = _as_compute(a, cdt)
+        if self.trans_a and aa.ndim >= 2:
+            aa = aa.swapaxes(-1, -2)
+        if self.b_packed is not None and self.b_packed.dtype == cdt and b.ndim == self.b_packed.ndim:
+            bb, alpha_done = self.b_packed, True
+        else:
+            bb = _as_compute(b, cdt)
+            if self.trans_b and bb.ndim >= 2:
+                bb = bb.swapaxes(-1, -2)
+            alpha_done = False
+        try:
+            y = np.matmul(aa, bb)
+        except ValueError as e:
+            raise ValueError(f"{desc}: cannot multiply shapes {a.shape} and {b.shape}: {e}") from None
+        if not alpha_done and self.alpha != 1.0:
+            y *= cdt.type(self.alpha)
+        return (y if y.dtype == out_dt else y.astype(out_dt),)

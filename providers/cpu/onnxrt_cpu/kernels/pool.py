@@ -1,0 +1,437 @@
+"""Pooling: MaxPool, AveragePool, LpPool, their global forms, MaxUnpool, MaxRoiPool, RoiAlign.
+
+Windowed pooling reduces over kernel taps: for each tap, one strided view of the
+padded input covers every output position, so a k x k pool is k*k vectorized
+``maximum``/``add`` calls over the whole output. Windows with very many taps and
+few outputs reduce over a sliding-window view instead.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from onnxrt.kernel import Kernel
+
+from ..registry import op
+from .conv import compute_dtype, pad_spatial, spatial_attrs, tap_slices
+
+# Above this many taps, reduce a sliding-window view rather than looping over taps.
+_MAX_TAPS = 64
+
+
+def pool_geometry(in_sp, kernel, strides, dilations, pads, auto_pad, ceil_mode):
+    """Padding and output shape of a pooling window, per spatial axis.
+
+    Returns ``(pads_begin, pads_end, extra_end, out_spatial)``: ``pads_*`` are the
+    explicit (or auto) pads, ``extra_end`` the additional end padding that ceil mode
+    needs so the last window is fully addressable (it is never counted as padding).
+    """
+    nd = len(in_sp)
+    auto_pad = auto_pad or "NOTSET"
+    ek = [(kernel[i] - 1) * dilations[i] + 1 for i in range(nd)]
+    out = []
+    if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+        pb, pe = [], []
+        for i in range(nd):
+            o = -(-in_sp[i] // strides[i])
+            total = max(0, (o - 1) * strides[i] + ek[i] - in_sp[i])
+            b = total // 2 if auto_pad == "SAME_UPPER" else total - total // 2
+            pb.append(b)
+            pe.append(total - b)
+            out.append(o)
+    elif auto_pad == "VALID":
+        pb, pe = [0] * nd, [0] * nd
+        for i in range(nd):
+            if ceil_mode:
+                out.append(-(-(in_sp[i] - ek[i] + 1) // strides[i]))
+            else:
+                out.append((in_sp[i] - ek[i]) // strides[i] + 1)
+    elif auto_pad == "NOTSET":
+        pads = list(pads) if pads else [0] * (2 * nd)
+        if len(pads) != 2 * nd:
+            raise ValueError(f"pads {pads} must have {2 * nd} entries")
+        if any(p < 0 for p in pads):
+            raise ValueError(f"pads {pads} must be non-negative")
+        pb, pe = pads[:nd], pads[nd:]
+        for i in range(nd):
+            span = in_sp[i] + pb[i] + pe[i] - ek[i]
+            if ceil_mode:
+                o = -(-span // strides[i]) + 1
+                # A window starting in the end padding is dropped.
+                if (o - 1) * strides[i] >= in_sp[i] + pb[i]:
+                    o -= 1
+            else:
+                o = span // strides[i] + 1
+            out.append(o)
+    else:
+        raise ValueError(f"unknown auto_pad {auto_pad!r}")
+    for i in range(nd):
+        if out[i] < 1:
+            raise ValueError(
+                f"pooling window {kernel[i]} (dilation {dilations[i]}) does not fit spatial axis {i} "
+                f"of size {in_sp[i]} with pads ({pb[i]}, {pe[i]})"
+            )
+    extra = [max(0, (out[i] - 1) * strides[i] + ek[i] - (in_sp[i] + pb[i] + pe[i])) for i in range(nd)]
+    return list(pb), list(pe), extra, out
+
+
+def _window_view(xp, kernel, strides, dilations, out_sp):
+    """View ``[..., *out_sp, *kernel]`` of the windows of the padded array ``xp``."""
+    nd = len(kernel)
+    axes = tuple(range(xp.ndim - nd, xp.ndim))
+    ek = [(kernel[i] - 1) * dilations[i] + 1 for i in range(nd)]
+    v = np.lib.stride_tricks.sliding_window_view(xp, ek, axis=axes)
+    sl = (Ellipsis,)
+    sl += tuple(slice(0, strides[i] * (out_sp[i] - 1) + 1, strides[i]) for i in range(nd))
+    sl += tuple(slice(None, None, dilations[i]) for i in range(nd))
+    return v[sl]
+
+
+def _axis_counts(in_sp, kernel, strides, dilations, pb, lo_pad, hi_pad, out_sp):
+    """Per axis, how many taps of each output window fall in ``[-lo_pad, in + hi_pad)``."""
+    counts = []
+    for i in range(len(in_sp)):
+        starts = np.arange(out_sp[i]) * strides[i] - pb[i]
+        pos = starts[:, None] + np.arange(kernel[i])[None, :] * dilations[i]
+        counts.append(((pos >= -lo_pad[i]) & (pos < in_sp[i] + hi_pad[i])).sum(1))
+    return counts
+
+
+def _outer(vectors):
+    r = np.ones((), dtype=np.float64)
+    for v in vectors:
+        r = np.multiply.outer(r, v)
+    return r
+
+
+class _PoolBase(Kernel):
+    def setup(self):
+        a = self.attrs
+        self.auto_pad = a.get("auto_pad", "NOTSET") or "NOTSET"
+        self.ceil_mode = int(a.get("ceil_mode", 0))
+        self.pads = a.get("pads")
+        if a.get("kernel_shape") is None:
+            raise ValueError(f"{self.node.describe()}: kernel_shape is required")
+
+    def _geom(self, x):
+        if x.ndim < 3:
+            raise ValueError(f"input must have rank >= 3 (N, C, spatial...), got shape {x.shape}")
+        nd = x.ndim - 2
+        kernel, strides, dil = spatial_attrs(self.attrs, nd)
+        if len(kernel) != nd:
+            raise ValueError(f"kernel_shape {list(kernel)} does not match spatial rank {nd}")
+        pb, pe, extra, out_sp = pool_geometry(x.shape[2:], kernel, strides, dil, self.pads, self.auto_pad, self.ceil_mode)
+        return kernel, strides, dil, pb, pe, extra, out_sp
+
+
+def _reduce_taps(xp, kernel, strides, dil, out_sp, ufunc):
+    """``ufunc``-reduce the taps of every window of the padded input."""
+    if int(np.prod(kernel)) > _MAX_TAPS:
+        v = _window_view(xp, kernel, strides, dil, out_sp)
+        nd = len(kernel)
+        return ufunc.reduce(v, axis=tuple(range(v.ndim - nd, v.ndim)))
+    y = None
+    for _, sl in tap_slices(kernel, strides, dil, out_sp):
+        v = xp[(Ellipsis,) + sl]
+        if y is None:
+            y = v.copy()
+        else:
+            ufunc(y, v, out=y)
+    return y
+
+
+def _lowest(dt):
+    if dt.kind == "f":
+        return -np.inf
+    if dt.kind in "iu":
+        return np.iinfo(dt).min
+    raise ValueError(f"unsupported dtype {dt}")
+
+
+@op("MaxPool", since=1)
+class MaxPool(_PoolBase):
+    """Max pooling, with the optional Indices output (flattened input positions)."""
+
+    def setup(self):
+        super().setup()
+        self.storage_order = int(self.attrs.get("storage_order", 0))
+        self.want_indices = len(self.node.outputs) > 1 and bool(self.node.outputs[1])
+
+    def run(self, x):
+        kernel, strides, dil, pb, pe, extra, out_sp = self._geom(x)
+        dt = x.dtype
+        xc = x if dt.kind in "iu" or dt in (np.float32, np.float64) else x.astype(np.float32)
+        low = _lowest(xc.dtype)
+        xp = pad_spatial(xc, pb, [e + x_ for e, x_ in zip(pe, extra)], low)
+        if not self.want_indices:
+            y = _reduce_taps(xp, kernel, strides, dil, out_sp, np.maximum)
+            return (y.astype(dt, copy=False),)
+        y = None
+        best = np.zeros((*x.shape[:2], *out_sp), dtype=np.int64)
+        mask = np.empty(best.shape, dtype=bool)
+        for t, (_, sl) in enumerate(tap_slices(kernel, strides, dil, out_sp)):
+            v = xp[(Ellipsis,) + sl]
+            if y is None:
+                y = v.copy()
+                continue
+            # Strictly greater: the first maximal tap in window order wins.
+            np.greater(v, y, out=mask)
+            np.copyto(y, v, where=mask)
+            np.copyto(best, t, where=mask)
+        return (y.astype(dt, copy=False), self._indices(x.shape, best, kernel, strides, dil, pb, out_sp))
+
+    def _indices(self, shape, best, kernel, strides, dil, pb, out_sp):
+        nd = len(kernel)
+        in_sp = shape[2:]
+        taps = np.unravel_index(best, kernel)
+        if self.storage_order == 0:
+            mult = [int(np.prod(in_sp[i + 1 :])) for i in range(nd)]
+        else:
+            mult = [int(np.prod(in_sp[:i])) for i in range(nd)]
+        plane = int(np.prod(in_sp))
+        idx = (np.arange(shape[0] * shape[1], dtype=np.int64) * plane).reshape(shape[0], shape[1], *([1] * nd))
+        idx = idx + np.zeros(best.shape, dtype=np.int64)
+        for i in range(nd):
+            o = (np.arange(out_sp[i]) * strides[i] - pb[i]).reshape([-1 if j == i else 1 for j in range(nd)])
+            idx += (o + taps[i] * dil[i]) * mult[i]
+        return idx
+
+
+@op("AveragePool", since=1)
+class AveragePool(_PoolBase):
+    """Average pooling; ``count_include_pad`` counts explicit padding (never ceil-mode overhang)."""
+
+    def setup(self):
+        super().setup()
+        self.include_pad = int(self.attrs.get("count_include_pad", 0))
+
+    def run(self, x):
+        kernel, strides, dil, pb, pe, extra, out_sp = self._geom(x)
+        cdt = compute_dtype(x.dtype)
+        xp = pad_spatial(x.astype(cdt, copy=False), pb, [e + x_ for e, x_ in zip(pe, extra)], 0)
+        y = _reduce_taps(xp, kernel, strides, dil, out_sp, np.add)
+        nd = len(kernel)
+        if self.include_pad:
+            counts = _axis_counts(x.shape[2:], kernel, strides, dil, pb, pb, pe, out_sp)
+        else:
+            counts = _axis_counts(x.shape[2:], kernel, strides, dil, pb, [0] * nd, [0] * nd, out_sp)
+        div = _outer(counts)
+        y /= np.maximum(div, 1).astype(cdt)
+        return (y.astype(x.dtype, copy=False),)
+
+
+@op("LpPool", since=1)
+class LpPool(_PoolBase):
+    """Lp pooling: ``(sum |x|^p)^(1/p)`` over each window (padding contributes zero)."""
+
+    def run(self, x):
+        kernel, strides, dil, pb, pe, extra, out_sp = self._geom(x)
+        p = self.attrs.get("p", 2)
+        cdt = compute_dtype(x.dtype)
+        xa = np.abs(x.astype(cdt, copy=False))
+        xa = xa * xa if p == 2 else np.power(xa, cdt.type(p))
+        xp = pad_spatial(xa, pb, [e + x_ for e, x_ in zip(pe, extra)], 0)
+        y = _reduce_taps(xp, kernel, strides, dil, out_sp, np.add)
+        y = np.sqrt(y) if p == 2 else np.power(y, cdt.type(1.0 / p))
+        return (y.astype(x.dtype, copy=False),)
+
+
+def _spatial_axes(x):
+    if x.ndim < 3:
+        raise ValueError(f"input must have rank >= 3 (N, C, spatial...), got shape {x.shape}")
+    return tuple(range(2, x.ndim))
+
+
+@op("GlobalAveragePool", since=1)
+def global_average_pool(k, x):
+    ax = _spatial_axes(x)
+    cdt = compute_dtype(x.dtype)
+    return np.mean(x, axis=ax, keepdims=True, dtype=cdt).astype(x.dtype, copy=False)
+
+
+@op("GlobalMaxPool", since=1)
+def global_max_pool(k, x):
+    return np.max(x, axis=_spatial_axes(x), keepdims=True)
+
+
+@op("GlobalLpPool", since=1)
+def global_lp_pool(k, x, *, p=2):
+    ax = _spatial_axes(x)
+    cdt = compute_dtype(x.dtype)
+    xa = np.abs(x.astype(cdt, copy=False))
+    if p == 2:
+        y = np.sqrt(np.sum(xa * xa, axis=ax, keepdims=True))
+    else:
+        y = np.power(np.sum(np.power(xa, cdt.type(p)), axis=ax, keepdims=True), cdt.type(1.0 / p))
+    return y.astype(x.dtype, copy=False)
+
+
+@op("MaxUnpool", since=9)
+def max_unpool(k, x, indices, output_shape=None, *, kernel_shape=None, pads=None, strides=None):
+    """Scatter ``x`` to the flattened positions ``indices`` of a zero output."""
+    if x.ndim < 3:
+        raise ValueError(f"input must have rank >= 3, got shape {x.shape}")
+    if indices.shape != x.shape:
+        raise ValueError(f"indices shape {indices.shape} differs from input shape {x.shape}")
+    nd = x.ndim - 2
+    if kernel_shape is None or len(kernel_shape) != nd:
+        raise ValueError(f"kernel_shape {kernel_shape} must have {nd} entries")
+    strides = strides or [1] * nd
+    pads = pads or [0] * (2 * nd)
+    inferred = x.shape[:2] + tuple(
+        (x.shape[2 + i] - 1) * strides[i] - pads[i] - pads[nd + i] + kernel_shape[i] for i in range(nd)
+    )
+    # Indices address the inferred (unpadded MaxPool input) shape; an explicit
+    # output_shape places that block at the origin of a larger zero output.
+    y = np.zeros(inferred, dtype=x.dtype)
+    flat = indices.reshape(-1).astype(np.int64, copy=False)
+    if flat.size and (flat.min() < 0 or flat.max() >= y.size):
+        raise IndexError(f"MaxUnpool index out of range for output of shape {inferred}")
+    y.reshape(-1)[flat] = x.reshape(-1)
+    if output_shape is not None:
+        shape = tuple(int(v) for v in np.asarray(output_shape).reshape(-1))
+        if len(shape) != x.ndim:
+            raise ValueError(f"output_shape {list(shape)} must have rank {x.ndim}")
+        if shape != inferred:
+            out = np.zeros(shape, dtype=x.dtype)
+            common = tuple(slice(0, min(a, b)) for a, b in zip(shape, inferred))
+            out[common] = y[common]
+            y = out
+    return y
+
+
+@op("MaxRoiPool", since=1)
+def max_roi_pool(k, x, rois, *, pooled_shape=None, spatial_scale=1.0):
+    """Max pooling over each RoI ``[batch_id, x1, y1, x2, y2]`` into ``pooled_shape`` bins."""
+    if pooled_shape is None or len(pooled_shape) != 2:
+        raise ValueError(f"pooled_shape {pooled_shape} must be [height, width]")
+    if x.ndim != 4:
+        raise ValueError(f"input must be 4-D, got shape {x.shape}")
+    if rois.ndim != 2 or rois.shape[1] != 5:
+        raise ValueError(f"rois must have shape (num_rois, 5), got {rois.shape}")
+    ph_n, pw_n = (int(v) for v in pooled_shape)
+    n, c, h, w = x.shape
+    y = np.zeros((rois.shape[0], c, ph_n, pw_n), dtype=x.dtype)
+    r = rois.astype(np.float64)
+
+    def rnd(v):  # half away from zero
+        return int(np.sign(v) * np.floor(abs(v) + 0.5))
+
+    for i in range(rois.shape[0]):
+        b = int(r[i, 0])
+        if not 0 <= b < n:
+            raise IndexError(f"roi {i} has batch index {b}, outside [0, {n})")
+        x1, y1, x2, y2 = (rnd(v * spatial_scale) for v in r[i, 1:])
+        rh = max(y2 - y1 + 1, 1)
+        rw = max(x2 - x1 + 1, 1)
+        bh, bw = rh / ph_n, rw / pw_n
+        hs = np.clip(np.floor(np.arange(ph_n) * bh).astype(int) + y1, 0, h)
+        he = np.clip(np.ceil(np.arange(1, ph_n + 1) * bh).astype(int) + y1, 0, h)
+        ws = np.clip(np.floor(np.arange(pw_n) * bw).astype(int) + x1, 0, w)
+        we = np.clip(np.ceil(np.arange(1, pw_n + 1) * bw).astype(int) + x1, 0, w)
+        r0, r1 = hs.min(), he.max()
+        if r1 <= r0:
+            continue
+        plane = x[b, :, r0:r1]
+        # Reduce columns per width bin first, then rows per height bin.
+        cols = np.full((c, r1 - r0, pw_n), -np.inf if x.dtype.kind == "f" else 0, dtype=x.dtype)
+        for j in range(pw_n):
+            if we[j] > ws[j]:
+                cols[:, :, j] = plane[:, :, ws[j] : we[j]].max(axis=2)
+        for j in range(ph_n):
+            if he[j] > hs[j]:
+                y[i, :, j] = cols[:, hs[j] - r0 : he[j] - r0].max(axis=1)
+        empty_w = we <= ws
+        if empty_w.any():
+            y[i][:, :, empty_w] = 0
+    return y
+
+
+def _bilinear_axis(coords, size):
+    """Per sample: low and high neighbor indices and their weights along one axis;
+    samples beyond ``[-1, size]`` get zero weights."""
+    valid = (coords >= -1.0) & (coords <= size)
+    c = np.maximum(coords, 0.0)
+    low = np.floor(c).astype(np.int64)
+    at_end = low >= size - 1
+    low = np.where(at_end, size - 1, low)
+    high = np.where(at_end, size - 1, low + 1)
+    c = np.where(at_end, low, c)
+    frac = c - low
+    w_low = np.where(valid, 1.0 - frac, 0.0)
+    w_high = np.where(valid, frac, 0.0)
+    return low, high, w_low, w_high
+
+
+@op("RoiAlign", since=10)
+class RoiAlign(Kernel):
+    """RoI Align with bilinear sampling; ``avg`` mode as separable interpolation
+    matrices, ``max`` mode as the max of weighted corner values per sample."""
+
+    def setup(self):
+        a = self.attrs
+        self.mode = a.get("mode", "avg")
+        if self.mode not in ("avg", "max"):
+            raise ValueError(f"{self.node.describe()}: unknown mode {self.mode!r}")
+        self.oh = int(a.get("output_height", 1))
+        self.ow = int(a.get("output_width", 1))
+        self.sampling_ratio = int(a.get("sampling_ratio", 0))
+        self.scale = float(a.get("spatial_scale", 1.0))
+        default = "half_pixel" if self.node.opset >= 16 else "output_half_pixel"
+        self.half_pixel = a.get("coordinate_transformation_mode", default) == "half_pixel"
+
+    def run(self, x, rois, batch_indices):
+        if x.ndim != 4:
+            raise ValueError(f"input must be 4-D, got shape {x.shape}")
+        if rois.ndim != 2 or rois.shape[1] != 4:
+            raise ValueError(f"rois must have shape (num_rois, 4), got {rois.shape}")
+        if batch_indices.shape != (rois.shape[0],):
+            raise ValueError(f"batch_indices shape {batch_indices.shape} must be ({rois.shape[0]},)")
+        n, c, h, w = x.shape
+        cdt = compute_dtype(x.dtype)
+        oh, ow = self.oh, self.ow
+        y = np.zeros((rois.shape[0], c, oh, ow), dtype=cdt)
+        off = 0.5 if self.half_pixel else 0.0
+        r = rois.astype(np.float64) * self.scale - off
+        for i in range(rois.shape[0]):
+            b = int(batch_indices[i])
+            if not 0 <= b < n:
+                raise IndexError(f"batch index {b} of roi {i} is outside [0, {n})")
+            x1, y1, x2, y2 = r[i]
+            rw, rh = x2 - x1, y2 - y1
+            if not self.half_pixel:
+                rw, rh = max(rw, 1.0), max(rh, 1.0)
+            bh, bw = rh / oh, rw / ow
+            gh = self.sampling_ratio if self.sampling_ratio > 0 else int(np.ceil(rh / oh))
+            gw = self.sampling_ratio if self.sampling_ratio > 0 else int(np.ceil(rw / ow))
+            count = max(gh * gw, 1)
+            if gh <= 0 or gw <= 0:
+                continue
+            ys = y1 + (np.arange(oh)[:, None] * bh + (np.arange(gh)[None, :] + 0.5) * bh / gh).reshape(-1)
+            xs = x1 + (np.arange(ow)[:, None] * bw + (np.arange(gw)[None, :] + 0.5) * bw / gw).reshape(-1)
+            yl, yh, wyl, wyh = _bilinear_axis(ys, h)
+            xl, xh, wxl, wxh = _bilinear_axis(xs, w)
+            img = x[b]
+            if self.mode == "avg":
+                r0, r1 = int(yl.min()), int(yh.max()) + 1
+                c0, c1 = int(xl.min()), int(xh.max()) + 1
+                ay = np.zeros((oh, r1 - r0))
+                bins_y = np.repeat(np.arange(oh), gh)
+                np.add.at(ay, (bins_y, yl - r0), wyl)
+                np.add.at(ay, (bins_y, yh - r0), wyh)
+                ax = np.zeros((ow, c1 - c0))
+                bins_x = np.repeat(np.arange(ow), gw)
+                np.add.at(ax, (bins_x, xl - c0), wxl)
+                np.add.at(ax, (bins_x, xh - c0), wxh)
+                region = img[:, r0:r1, c0:c1].astype(cdt, copy=False)
+                t = np.matmul(ay.astype(cdt), region)  # [C, oh, cols]
+                y[i] = np.matmul(t, (ax.T / count).astype(cdt))
+            else:
+                best = None
+                for yi, wy in ((yl, wyl), (yh, wyh)):
+                    rows = img[:, yi].astype(cdt, copy=False)  # [C, Sy, W]
+                    for xi, wx in ((xl, wxl), (xh, wxh)):
+                        v = rows[:, :, xi] * np.multiply.outer(wy, wx).astype(cdt)
+                        best = v if best is None else np.maximum(best, v, out=best)
+                y[i] = best.reshape(c, oh, gh, ow, gw).max(axis=(2, 4))
+        return (y.astype(x.dtype, copy=False),)

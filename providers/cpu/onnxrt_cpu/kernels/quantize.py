@@ -1,0 +1,330 @@
+"""Linear quantization: QuantizeLinear, DequantizeLinear, DynamicQuantizeLinear,
+MatMulInteger and QLinearMatMul.
+
+Integer quantization rounds half to even and saturates to the target range. Integer
+matrix products are computed exactly: every product of two 8-bit values (after the
+zero point is taken off) is below 2**17 in magnitude, so a float64 BLAS product is
+exact for any inner dimension below 2**36, and the exact sum is then wrapped to int32
+as a 32-bit accumulator would. Larger inner dimensions fall back to int64 matmul.
+"""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+
+from onnxrt.dtypes import np_dtype
+from onnxrt.kernel import Kernel
+
+from ..registry import op
+from .cast import SATURATING_F8, cast_array
+
+__all__ = ["QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "MatMulInteger", "QLinearMatMul"]
+
+_F32 = np.dtype(np.float32)
+_F64 = np.dtype(np.float64)
+
+#: saturation range of each integer quantized type
+INT_RANGES = {
+    np.dtype(np.uint8): (0, 255),
+    np.dtype(np.int8): (-128, 127),
+    np.dtype(np.uint16): (0, 65535),
+    np.dtype(np.int16): (-32768, 32767),
+    np.dtype(ml_dtypes.uint4): (0, 15),
+    np.dtype(ml_dtypes.int4): (-8, 7),
+    np.dtype(ml_dtypes.uint2): (0, 3),
+    np.dtype(ml_dtypes.int2): (-2, 1),
+}
+#: float quantized types without infinities: ml_dtypes' own conversion saturates
+_SATURATING_SMALL_FLOATS = frozenset(
+    np.dtype(t) for t in (ml_dtypes.float4_e2m1fn, ml_dtypes.float6_e2m3fn, ml_dtypes.float6_e3m2fn)
+)
+_QUANT_TYPES = frozenset(INT_RANGES) | SATURATING_F8 | _SATURATING_SMALL_FLOATS
+_COMPUTE_16 = frozenset({np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16)})
+
+# exact-float64 limit on the inner dimension of an 8-bit integer matmul
+_EXACT_K = 1 << 36
+
+
+def _expand_param(p: np.ndarray, shape: tuple, axis: int, block_size: int, what: str) -> np.ndarray:
+    """Make a scale/zero point broadcastable against ``shape`` (per tensor, per axis
+    or blocked along ``axis``)."""
+    if p.ndim == 0 or (p.size == 1 and not block_size):
+        return p.reshape(())
+    rank = len(shape)
+    if rank == 0:
+        raise ValueError(f"{what} has shape {p.shape} but the input is a scalar")
+    if not -rank <= axis < rank:
+        raise ValueError(f"axis {axis} is out of range for an input of rank {rank}")
+    axis %= rank
+    if not block_size:
+        if p.ndim != 1 or p.shape[0] != shape[axis]:
+            raise ValueError(
+                f"{what} of shape {p.shape} does not fit per-axis quantization of an input "
+                f"of shape {tuple(shape)} on axis {axis} (expected ({shape[axis]},))"
+            )
+        dims = [1] * rank
+        dims[axis] = shape[axis]
+        return p.reshape(dims)
+    if block_size < 0:
+        raise ValueError(f"block_size must be positive, got {block_size}")
+    expect = list(shape)
+    expect[axis] = -(-shape[axis] // block_size)
+    if p.ndim != rank or list(p.shape) != expect:
+        raise ValueError(
+            f"{what} of shape {p.shape} does not fit blocked quantization of an input of "
+            f"shape {tuple(shape)} with block_size {block_size} on axis {axis} "
+            f"(expected {tuple(expect)})"
+        )
+    rep = np.repeat(p, block_size, axis=axis)
+    if rep.shape[axis] != shape[axis]:
+        rep = np.take(rep, np.arange(shape[axis]), axis=axis)
+    return rep
+
+
+def _axis_for(x: np.ndarray, axis: int) -> int:
+    # the default axis 1 means nothing for rank-1 inputs; the spec treats them per tensor
+    return 0 if x.ndim == 1 and axis in (1, -1) else axis
+
+
+def quantize(x, scale, zero_point, out_dtype, *, axis=1, block_size=0, saturate=True, precision=None):
+    """``saturate(round_half_even(x / scale) + zero_point)`` in ``out_dtype``."""
+    out_dtype = np.dtype(out_dtype)
+    axis = _axis_for(x, axis)
+    s = _expand_param(np.asarray(scale), x.shape, axis, block_size, "y_scale")
+    pdt = np.dtype(precision) if precision is not None else s.dtype
+    if pdt.kind != "f" and pdt not in _COMPUTE_16:
+        pdt = _F32  # int32 or float8e8m0 scales divide in float32
+    cdt = _F64 if pdt == _F64 else _F32
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        v = np.divide(x.astype(cdt, copy=False), s.astype(cdt, copy=False), dtype=cdt)
+        if pdt in _COMPUTE_16:
+            v = v.astype(pdt).astype(cdt)
+        zp = None
+        if zero_point is not None:
+            zp = _expand_param(np.asarray(zero_point), x.shape, axis, block_size, "y_zero_point")
+        if out_dtype in INT_RANGES:
+            lo, hi = INT_RANGES[out_dtype]
+            v = np.rint(v)
+            if zp is not None:
+                v += zp.astype(cdt)
+            np.clip(v, lo, hi, out=v)
+            if out_dtype.itemsize == 1 and out_dtype.kind in "iu":
+                return v.astype(out_dtype)
+            return v.astype(np.int32).astype(out_dtype)
+        if zp is not None:
+            zf = zp.astype(cdt)
+            if np.any(zf):
+                v = v + zf
+        if out_dtype in SATURATING_F8:
+            return cast_array(v, out_dtype, saturate)
+        return v.astype(out_dtype)
+
+
+def _out_dtype_attr(attrs) -> np.dtype | None:
+    code = attrs.get("output_dtype", 0)
+    return np_dtype(code) if code else None
+
+
+@op("QuantizeLinear", since=10)
+class QuantizeLinear(Kernel):
+    """QuantizeLinear: per-tensor, per-axis or blocked quantization to integer,
+    float8 or float4 types."""
+
+    def setup(self):
+        a = self.attrs
+        self.axis = a.get("axis", 1)
+        self.block_size = a.get("block_size", 0)
+        self.saturate = bool(a.get("saturate", 1))
+        self.out = _out_dtype_attr(a)
+        self.precision = np_dtype(a["precision"]) if a.get("precision") else None
+        if self.out is not None and self.out not in _QUANT_TYPES:
+            raise ValueError(f"{self.node.describe()}: output_dtype {self.out} is not a quantized type")
+
+    def run(self, x, y_scale, y_zero_point=None):
+        out = self.out
+        if y_zero_point is not None:
+            zdt = y_zero_point.dtype
+            if out is not None and out != zdt:
+                raise ValueError(f"QuantizeLinear: output_dtype {out} differs from y_zero_point type {zdt}")
+            out = zdt
+        if out is None:
+            out = np.dtype(np.uint8)
+        if out not in _QUANT_TYPES:
+            raise ValueError(f"QuantizeLinear: {out} is not a quantized type")
+        y = quantize(
+            x,
+            y_scale,
+            y_zero_point,
+            out,
+            axis=self.axis,
+            block_size=self.block_size,
+            saturate=self.saturate,
+            precision=self.precision,
+        )
+        return (y,)
+
+
+def dequantize(x, scale, zero_point, out_dtype, *, axis=1, block_size=0):
+    """``(x - zero_point) * scale`` computed in float32 (float64 for double output)."""
+    axis = _axis_for(x, axis)
+    s = _expand_param(np.asarray(scale), x.shape, axis, block_size, "x_scale")
+    cdt = _F64 if out_dtype == _F64 else _F32
+    xdt = x.dtype
+    if xdt.kind in "iu" or xdt in INT_RANGES:
+        wide = np.int64 if xdt.itemsize >= 4 else np.int32
+        d = x.astype(wide)
+        if zero_point is not None:
+            if zero_point.dtype != xdt:
+                raise ValueError(f"DequantizeLinear: x_zero_point type {zero_point.dtype} differs from x type {xdt}")
+            zp = _expand_param(np.asarray(zero_point), x.shape, axis, block_size, "x_zero_point")
+            d = d - zp.astype(wide)
+        d = d.astype(cdt)
+    else:
+        d = x.astype(cdt)
+        if zero_point is not None:
+            zp = _expand_param(np.asarray(zero_point), x.shape, axis, block_size, "x_zero_point").astype(cdt)
+            if np.any(zp):
+                d = d - zp
+    d *= s.astype(cdt, copy=False)
+    return d.astype(out_dtype, copy=False)
+
+
+@op("DequantizeLinear", since=10)
+class DequantizeLinear(Kernel):
+    """DequantizeLinear: per-tensor, per-axis or blocked dequantization."""
+
+    def setup(self):
+        a = self.attrs
+        self.axis = a.get("axis", 1)
+        self.block_size = a.get("block_size", 0)
+        self.out = _out_dtype_attr(a)
+
+    def run(self, x, x_scale, x_zero_point=None):
+        out = self.out
+        if out is None:
+            out = x_scale.dtype if x_scale.dtype.kind == "f" or x_scale.dtype == ml_dtypes.bfloat16 else _F32
+        if x.dtype == np.int32 and x_zero_point is not None and np.any(x_zero_point):
+            raise ValueError("DequantizeLinear: int32 input takes no (or a zero) zero point")
+        return (dequantize(x, x_scale, x_zero_point, out, axis=self.axis, block_size=self.block_size),)
+
+
+@op("DynamicQuantizeLinear", since=11)
+def dynamic_quantize_linear(k, x):
+    """Quantize to uint8 with a scale and zero point computed from the data range."""
+    if x.size == 0:
+        raise ValueError("DynamicQuantizeLinear: input is empty, its range is undefined")
+    xf = x.astype(_F32, copy=False)
+    hi = max(np.float32(0), np.float32(xf.max()))
+    lo = min(np.float32(0), np.float32(xf.min()))
+    scale = np.float32((hi - lo) if hi != lo else np.float32(1)) / np.float32(255)
+    zp = np.rint(np.clip(np.float32(0) - lo / scale, 0, 255))
+    y = np.rint(xf / scale)
+    y += zp
+    np.clip(y, 0, 255, out=y)
+    return y.astype(np.uint8), np.array(scale, dtype=_F32), np.array(zp, dtype=np.uint8)
+
+
+def _center(m: np.ndarray, zp, per_row: bool) -> np.ndarray:
+    """``m - zp`` as float64 (exact for 8-bit values); per-row zero points of a 1-D
+    shape apply to the rows of ``m``."""
+    v = m.astype(_F64)
+    if zp is None:
+        return v
+    z = np.asarray(zp)
+    if z.size == 1:
+        zs = z.reshape(()).astype(_F64)
+        return v - zs if zs else v
+    z = z.astype(_F64)
+    if per_row and z.ndim == 1 and m.ndim >= 2:
+        z = z.reshape(-1, 1)
+    return v - z
+
+
+def _int_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Exact integer product of two centred float64 operands, wrapped to int32."""
+    k = a.shape[-1]
+    if k < _EXACT_K:
+        acc = np.matmul(a, b).astype(np.int64)
+    else:
+        acc = np.matmul(a.astype(np.int64), b.astype(np.int64))
+    return acc.astype(np.int32)
+
+
+@op("MatMulInteger", since=10)
+class MatMulInteger(Kernel):
+    """MatMulInteger: int32 product of zero-point-adjusted 8-bit matrices."""
+
+    def setup(self):
+        c = self.node.constants
+        self.b_packed = None
+        if 1 in c and (len(self.node.inputs) < 4 or not self.node.inputs[3] or 3 in c):
+            self.b_packed = _center(c[1], c.get(3), False)
+
+    def run(self, a, b, a_zero_point=None, b_zero_point=None):
+        _check_matmul(a, b, "MatMulInteger")
+        A = _center(a, a_zero_point, True)
+        B = self.b_packed if self.b_packed is not None else _center(b, b_zero_point, False)
+        return (_int_matmul(A, B),)
+
+
+def _check_matmul(a, b, name):
+    if a.ndim == 0 or b.ndim == 0:
+        raise ValueError(f"{name}: inputs must have rank >= 1, got shapes {a.shape} and {b.shape}")
+    ka = a.shape[-1]
+    kb = b.shape[0] if b.ndim == 1 else b.shape[-2]
+    if ka != kb:
+        raise ValueError(f"{name}: inner dimensions differ: A {a.shape} and B {b.shape}")
+
+
+def _row_param(p: np.ndarray, a: np.ndarray) -> np.ndarray:
+    """A per-row scale or zero point of ``a``: a 1-D [M] vector applies to rows."""
+    p = np.asarray(p)
+    if p.size == 1:
+        return p.reshape(())
+    if p.ndim == 1 and a.ndim >= 2:
+        return p.reshape(-1, 1)
+    return p
+
+
+@op("QLinearMatMul", since=10)
+class QLinearMatMul(Kernel):
+    """QLinearMatMul: matrix product of quantized tensors, requantized to ``y``'s type."""
+
+    def setup(self):
+        c = self.node.constants
+        self.b_packed = None
+        if 3 in c and 5 in c:
+            self.b_packed = self._centre_b(c[3], c[5])
+
+    @staticmethod
+    def _centre_b(b, b_zero_point):
+        if b.dtype.kind in "iu":
+            return _center(b, b_zero_point, False)
+        return _center(b.astype(_F32), np.asarray(b_zero_point).astype(_F32), False)
+
+    def run(self, a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, y_zero_point=None):
+        _check_matmul(a, b, "QLinearMatMul")
+        if a.dtype.kind in "iu":
+            A = _center(a, _row_param(a_zero_point, a) if a_zero_point is not None else None, False)
+        else:
+            zp = None if a_zero_point is None else _row_param(a_zero_point.astype(_F32), a)
+            A = _center(a.astype(_F32), zp, False)
+        B = self.b_packed if self.b_packed is not None else self._centre_b(b, b_zero_point)
+        exact = a.dtype.kind in "iu" and b.dtype.kind in "iu"
+        acc = _int_matmul(A, B).astype(_F64) if exact else np.matmul(A, B)
+        sa = _row_param(a_scale, a)
+        # the scale ratio is formed in the scales' own precision
+        mult = (sa * np.asarray(b_scale)) / np.asarray(y_scale)
+        v = acc * mult.astype(_F64)
+        out = a.dtype if y_zero_point is None else y_zero_point.dtype
+        if out in INT_RANGES:
+            lo, hi = INT_RANGES[out]
+            v = np.rint(v)
+            if y_zero_point is not None:
+                v += np.asarray(y_zero_point).astype(_F64)
+            np.clip(v, lo, hi, out=v)
+            return (v.astype(out),)
+        if y_zero_point is not None:
+            v = v + np.asarray(y_zero_point).astype(_F64)
+        return (cast_array(v.astype(_F32), out, True),)

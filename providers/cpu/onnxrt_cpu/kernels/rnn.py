@@ -1,0 +1,605 @@
+"""Recurrent layers: RNN, GRU and LSTM.
+
+All three share one structure. The input projection ``X·Wᵀ + bias`` of every time
+step and both directions is one GEMM before the time loop; only the recurrent
+``H·Rᵀ`` product and the gate arithmetic run per step, on preallocated buffers with
+``out=`` so that a step costs a handful of numpy calls.
+
+When the gate activation ``f`` is Sigmoid, the weights and biases of the sigmoid
+gates are prescaled by 0.5 (exact in floating point) so that
+``sigmoid(x) = 0.5 * tanh(x / 2) + 0.5`` needs one ``tanh`` over the whole gate
+buffer; LSTM with the default activations then applies a single ``tanh`` per step
+to all four gates.
+
+``sequence_lens`` is honoured per batch entry: outputs past a sequence's length are
+zero and ``Y_h``/``Y_c`` hold the state of its last valid step. The reverse direction
+of a ragged batch reverses each entry's valid prefix, runs forward, and maps back.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from onnxrt.kernel import Kernel
+
+from ..registry import op
+
+__all__ = ["RNN", "GRU", "LSTM"]
+
+
+# -- activation functions ---------------------------------------------------------
+# Each builder takes (alpha, beta) and returns fn(x, out) -> out, in place when
+# ``x is out``.
+
+
+def _relu(a, b):
+    def fn(x, out):
+        return np.maximum(x, 0, out=out)
+
+    return fn
+
+
+def _tanh(a, b):
+    def fn(x, out):
+        return np.tanh(x, out=out)
+
+    return fn
+
+
+def _sigmoid(a, b):
+    def fn(x, out):
+        np.multiply(x, 0.5, out=out)
+        np.tanh(out, out=out)
+        out *= 0.5
+        out += 0.5
+        return out
+
+    return fn
+
+
+def _half_sigmoid(x, out):
+    """Sigmoid of ``2x``: used on gates whose weights were prescaled by 0.5."""
+    np.tanh(x, out=out)
+    out *= 0.5
+    out += 0.5
+    return out
+
+
+def _affine(a, b):
+    def fn(x, out):
+        np.multiply(x, a, out=out)
+        out += b
+        return out
+
+    return fn
+
+
+def _leaky_relu(a, b):
+    def fn(x, out):
+        neg = np.minimum(x, 0) * (a - 1)
+        np.add(x, neg, out=out)
+        return out
+
+    return fn
+
+
+def _thresholded_relu(a, b):
+    def fn(x, out):
+        np.multiply(x, x >= a, out=out)
+        return out
+
+    return fn
+
+
+def _scaled_tanh(a, b):
+    def fn(x, out):
+        np.multiply(x, b, out=out)
+        np.tanh(out, out=out)
+        out *= a
+        return out
+
+    return fn
+
+
+def _hard_sigmoid(a, b):
+    def fn(x, out):
+        np.multiply(x, a, out=out)
+        out += b
+        np.clip(out, 0, 1, out=out)
+        return out
+
+    return fn
+
+
+def _elu(a, b):
+    def fn(x, out):
+        neg = np.expm1(np.minimum(x, 0)) * a
+        np.maximum(x, 0, out=out)
+        out += neg
+        return out
+
+    return fn
+
+
+def _softsign(a, b):
+    def fn(x, out):
+        d = np.abs(x) + 1
+        np.divide(x, d, out=out)
+        return out
+
+    return fn
+
+
+def _softplus(a, b):
+    def fn(x, out):
+        # log(1 + e^x) = max(x, 0) + log1p(e^-|x|), stable for large |x|
+        t = np.log1p(np.exp(-np.abs(x)))
+        np.maximum(x, 0, out=out)
+        out += t
+        return out
+
+    return fn
+
+
+# name -> (uses alpha, uses beta, default alpha, default beta, builder)
+_ACTIVATIONS = {
+    "relu": (False, False, 0.0, 0.0, _relu),
+    "tanh": (False, False, 0.0, 0.0, _tanh),
+    "sigmoid": (False, False, 0.0, 0.0, _sigmoid),
+    "affine": (True, True, 1.0, 0.0, _affine),
+    "leakyrelu": (True, False, 0.01, 0.0, _leaky_relu),
+    "thresholdedrelu": (True, False, 1.0, 0.0, _thresholded_relu),
+    "scaledtanh": (True, True, 1.0, 1.0, _scaled_tanh),
+    "hardsigmoid": (True, True, 0.2, 0.5, _hard_sigmoid),
+    "elu": (True, False, 1.0, 0.0, _elu),
+    "softsign": (False, False, 0.0, 0.0, _softsign),
+    "softplus": (False, False, 0.0, 0.0, _softplus),
+}
+
+
+def _parse_activations(node, per_dir: int, num_dir: int, defaults: tuple[str, ...]):
+    """Return ``(names, fns)``: per direction, the lower-case names and callables."""
+    attrs = node.attrs
+    names = list(attrs.get("activations") or [])
+    if not names:
+        names = list(defaults) * num_dir
+    elif len(names) == per_dir and num_dir == 2:
+        names = names * 2
+    if len(names) != per_dir * num_dir:
+        raise ValueError(
+            f"{node.describe()}: 'activations' has {len(names)} entries; expected "
+            f"{per_dir * num_dir} ({per_dir} per direction)"
+        )
+    alphas = [float(v) for v in attrs.get("activation_alpha") or []]
+    betas = [float(v) for v in attrs.get("activation_beta") or []]
+    # Lists with one value per activation are read index by index; shorter lists are
+    # consumed in order by the activations that take the parameter.
+    a_aligned = len(alphas) == len(names)
+    b_aligned = len(betas) == len(names)
+    ai = bi = 0
+    lower, fns = [], []
+    for j, name in enumerate(names):
+        key = str(name).lower()
+        if key not in _ACTIVATIONS:
+            raise ValueError(f"{node.describe()}: unknown activation function {name!r}")
+        use_a, use_b, da, db, build = _ACTIVATIONS[key]
+        a, b = da, db
+        if use_a:
+            if a_aligned:
+                a = alphas[j]
+            elif ai < len(alphas):
+                a, ai = alphas[ai], ai + 1
+        if use_b:
+            if b_aligned:
+                b = betas[j]
+            elif bi < len(betas):
+                b, bi = betas[bi], bi + 1
+        lower.append(key)
+        fns.append(build(a, b))
+    return (
+        [lower[d * per_dir : (d + 1) * per_dir] for d in range(num_dir)],
+        [fns[d * per_dir : (d + 1) * per_dir] for d in range(num_dir)],
+    )
+
+
+def _compute_dtype(dt: np.dtype) -> np.dtype:
+    return dt if dt in (np.float32, np.float64) else np.dtype(np.float32)
+
+
+class _Recurrent(Kernel):
+    """Shared attribute parsing, weight packing and driver of the recurrent layers.
+
+    Subclasses set the gate count, activation defaults, which gate blocks take the
+    activation ``f`` (and so may be prescaled), and implement :meth:`_loop`.
+    """
+
+    N_GATES = 1
+    N_ACTS = 1
+    DEFAULT_ACTS: tuple[str, ...] = ("tanh",)
+    N_STATES = 1  # hidden (and cell) states carried through time
+
+    def setup(self):
+        a = self.attrs
+        node = self.node
+        direction = a.get("direction", "forward")
+        if direction == "foward":  # the default spelled in GRU-1's schema
+            direction = "forward"
+        if direction not in ("forward", "reverse", "bidirectional"):
+            raise ValueError(f"{node.describe()}: unknown direction {direction!r}")
+        self.direction = direction
+        self.num_dir = 2 if direction == "bidirectional" else 1
+        self.hidden_size = a.get("hidden_size")
+        self.layout = int(a.get("layout", 0))
+        if self.layout not in (0, 1):
+            raise ValueError(f"{node.describe()}: layout must be 0 or 1, got {self.layout}")
+        clip = a.get("clip")
+        self.clip = None if clip is None else float(clip)
+        self.act_names, self.act_fns = _parse_activations(node, self.N_ACTS, self.num_dir, self.DEFAULT_ACTS)
+        # f is the gate activation: prescale sigmoid gates so one tanh computes them
+        self.scaled = [names[0] == "sigmoid" for names in self.act_names]
+        self.extra_setup()
+        c = node.constants
+        self._packed = None
+        if 1 in c and 2 in c and (len(node.inputs) <= 3 or not node.inputs[3] or 3 in c):
+            dt = _compute_dtype(np.dtype(c[1].dtype))
+            self._packed = self._pack(c[1], c[2], c.get(3), dt)
+
+    def extra_setup(self):
+        pass
+
+    # -- packing ---------------------------------------------------------------------
+    def _sig_cols(self, H: int) -> slice:
+        """Columns of the gate block that use activation ``f``."""
+        return slice(0, (self.N_GATES - 1) * H) if self.N_GATES > 1 else slice(0, H)
+
+    def _pack(self, W, R, B, dt):
+        """Transpose, scale and fold biases: returns a dict used by :meth:`run`."""
+        D, G = self.num_dir, self.N_GATES
+        W = np.asarray(W)
+        R = np.asarray(R)
+        if W.ndim != 3 or W.shape[0] != D:
+            raise ValueError(f"{self.node.describe()}: W must be [{D}, {G}*hidden, input], got {W.shape}")
+        H = R.shape[-1]
+        if self.hidden_size is not None and H != self.hidden_size:
+            raise ValueError(f"{self.node.describe()}: R has hidden size {H}, hidden_size is {self.hidden_size}")
+        if W.shape[1] != G * H or R.shape != (D, G * H, H):
+            raise ValueError(
+                f"{self.node.describe()}: W {W.shape} / R {R.shape} do not match {G} gates of hidden size {H}"
+            )
+        W = W.astype(dt)
+        R = R.astype(dt)
+        if B is None:
+            Bw = np.zeros((D, G * H), dt)
+            Br = np.zeros((D, G * H), dt)
+        else:
+            B = np.asarray(B).astype(dt)
+            if B.shape != (D, 2 * G * H):
+                raise ValueError(f"{self.node.describe()}: B must be [{D}, {2 * G * H}], got {B.shape}")
+            Bw, Br = B[:, : G * H], B[:, G * H :]
+        scale = np.ones((D, G * H), dt)
+        for d in range(D):
+            if self.scaled[d]:
+                scale[d, self._sig_cols(H)] = 0.5
+        w_t = np.ascontiguousarray((W * scale[:, :, None]).transpose(2, 0, 1).reshape(W.shape[2], D * G * H))
+        r_t = [np.ascontiguousarray((R[d] * scale[d][:, None]).T) for d in range(D)]
+        p = {"H": H, "w_t": w_t, "r_t": r_t, "scale": scale, "dt": dt}
+        self.fold_bias(p, Bw, Br, scale)
+        return p
+
+    def fold_bias(self, p, Bw, Br, scale):
+        """Default: both biases are added to the input projection."""
+        p["xw_bias"] = ((Bw + Br) * scale).reshape(-1)
+
+    # -- driver ----------------------------------------------------------------------
+    def run(self, X, W, R, B=None, sequence_lens=None, initial_h=None, initial_c=None, P=None):
+        in_dt = np.dtype(X.dtype)
+        dt = _compute_dtype(in_dt)
+        p = self._packed if self._packed is not None and self._packed["dt"] == dt else self._pack(W, R, B, dt)
+        H, D, G = p["H"], self.num_dir, self.N_GATES
+        if X.ndim != 3:
+            raise ValueError(f"{self.node.describe()}: X must be 3-D, got shape {X.shape}")
+        if self.layout == 1:
+            X = X.transpose(1, 0, 2)
+        S, Bn, I = X.shape
+        if I != p["w_t"].shape[0]:
+            raise ValueError(f"{self.node.describe()}: X has input size {I}, W expects {p['w_t'].shape[0]}")
+
+        # input projection of all steps and directions in one GEMM
+        xw = np.matmul(X.reshape(S * Bn, I).astype(dt, copy=False), p["w_t"])
+        xw += p["xw_bias"]
+        xw = xw.reshape(S, Bn, D * G * H)
+
+        states0 = []
+        for k, init in enumerate((initial_h, initial_c)[: self.N_STATES]):
+            if init is None:
+                states0.append(np.zeros((D, Bn, H), dt))
+            else:
+                init = np.asarray(init)
+                if self.layout == 1:
+                    init = init.transpose(1, 0, 2)
+                if init.shape != (D, Bn, H):
+                    name = ("initial_h", "initial_c")[k]
+                    raise ValueError(f"{self.node.describe()}: {name} must be {(D, Bn, H)}, got {init.shape}")
+                states0.append(init.astype(dt))  # copy: the loop updates states in place
+
+        lens = None
+        if sequence_lens is not None:
+            lens = np.asarray(sequence_lens).astype(np.int64).reshape(-1)
+            if lens.shape[0] != Bn:
+                raise ValueError(f"{self.node.describe()}: sequence_lens has {lens.shape[0]} entries, batch is {Bn}")
+            if (lens < 0).any() or (lens > S).any():
+                raise ValueError(f"{self.node.describe()}: sequence_lens values must lie in [0, {S}], got {lens}")
+            if (lens == S).all():
+                lens = None
+        extra = self.extra_inputs(P, p, D, H, dt)
+
+        Y = np.empty((S, D, Bn, H), dt)
+        finals = [np.empty((D, Bn, H), dt) for _ in range(self.N_STATES)]
+        for d in range(D):
+            reverse = self.direction == "reverse" or d == 1
+            xw_d = xw[:, :, d * G * H : (d + 1) * G * H]
+            Y_d = Y[:, d]
+            states = [s[d] for s in states0]
+            if lens is None:
+                order = range(S - 1, -1, -1) if reverse else range(S)
+                out_states = self._loop(xw_d, p, d, states, Y_d, order, None, extra)
+            else:
+                masks = (np.arange(S)[:, None] < lens[None, :])[:, :, None]  # [S, B, 1]
+                if reverse:
+                    # reverse each entry's valid prefix; the map is its own inverse
+                    t = np.arange(S)[:, None]
+                    rev = np.where(masks[:, :, 0], lens[None, :] - 1 - t, t)
+                    cols = np.arange(Bn)[None, :]
+                    Y_tmp = np.empty((S, Bn, H), dt)
+                    out_states = self._loop(xw_d[rev, cols], p, d, states, Y_tmp, range(S), masks, extra)
+                    Y_d[...] = Y_tmp[rev, cols]
+                else:
+                    out_states = self._loop(xw_d, p, d, states, Y_d, range(S), masks, extra)
+            for f, s in zip(finals, out_states):
+                f[d] = s
+        if lens is not None and (lens == 0).any():
+            # an empty sequence has no last step: its final state is zero
+            for f in finals:
+                f[:, lens == 0] = 0
+
+        if self.layout == 1:
+            Y = Y.transpose(2, 0, 1, 3)
+            finals = [f.transpose(1, 0, 2) for f in finals]
+        outs = [Y] + finals
+        if dt != in_dt:
+            outs = [o.astype(in_dt) for o in outs]
+        return tuple(outs)
+
+    def extra_inputs(self, P, p, D, H, dt):
+        return None
+
+    def _clip_bounds(self, p, d, cols: slice | None = None):
+        """Clip bound per gate column (sigmoid gates are prescaled), or None."""
+        if self.clip is None:
+            return None
+        b = p["scale"][d] * p["dt"].type(self.clip)
+        return b if cols is None else b[cols]
+
+
+
+@op("RNN", since=1)
+class RNN(_Recurrent):
+    """Elman RNN: ``H_t = f(X_t·Wᵀ + H_{t-1}·Rᵀ + Wb + Rb)``; all versions, layout 0/1."""
+
+    N_GATES = 1
+    N_ACTS = 1
+    DEFAULT_ACTS = ("tanh",)
+
+    def setup(self):
+        super().setup()
+        # a lone sigmoid gate is prescaled like the others
+        self.act = [
+            _half_sigmoid if self.scaled[d] else self.act_fns[d][0] for d in range(self.num_dir)
+        ]
+
+    def _loop(self, xw, p, d, states, Y, order, masks, extra):
+        (h,) = states
+        r_t = p["r_t"][d]
+        act = self.act[d]
+        bound = self._clip_bounds(p, d)
+        g = np.empty_like(h)
+        matmul, clip = np.matmul, np.clip
+        for t in order:
+            matmul(h, r_t, out=g)
+            g += xw[t]
+            if bound is not None:
+                clip(g, -bound, bound, out=g)
+            if masks is None:
+                h = act(g, Y[t])
+            else:
+                m = masks[t]
+                act(g, g)
+                np.copyto(h, g, where=m)
+                np.multiply(g, m, out=Y[t])
+        return (h,)
+
+
+@op("GRU", since=1)
+class GRU(_Recurrent):
+    """Gated recurrent unit (gates z, r, h); ``linear_before_reset``; all versions."""
+
+    N_GATES = 3
+    N_ACTS = 2
+    DEFAULT_ACTS = ("sigmoid", "tanh")
+
+    def extra_setup(self):
+        self.lbr = int(self.attrs.get("linear_before_reset", 0))
+        self.f = [_half_sigmoid if self.scaled[d] else self.act_fns[d][0] for d in range(self.num_dir)]
+        self.g = [self.act_fns[d][1] for d in range(self.num_dir)]
+
+    def fold_bias(self, p, Bw, Br, scale):
+        H = p["H"]
+        D = Bw.shape[0]
+        xb = (Bw + Br) * scale
+        if self.lbr:
+            # Rbh sits inside r ⊙ (H·Rhᵀ + Rbh): keep it out of the projection
+            xb[:, 2 * H :] = Bw[:, 2 * H :]
+            p["rbh"] = [np.ascontiguousarray(Br[d, 2 * H :]) for d in range(D)]
+        p["xw_bias"] = xb.reshape(-1)
+        # split recurrent weights: [z r] and h blocks
+        p["r_zr"] = [np.ascontiguousarray(r[:, : 2 * H]) for r in p["r_t"]]
+        p["r_h"] = [np.ascontiguousarray(r[:, 2 * H :]) for r in p["r_t"]]
+
+    def _loop(self, xw, p, d, states, Y, order, masks, extra):
+        (h,) = states
+        H = p["H"]
+        f, g_act = self.f[d], self.g[d]
+        bound = self._clip_bounds(p, d)
+        b_zr = None if bound is None else bound[: 2 * H]
+        b_h = None if bound is None else bound[2 * H :]
+        Bn = h.shape[0]
+        dt = h.dtype
+        matmul, clip, multiply, subtract, add = np.matmul, np.clip, np.multiply, np.subtract, np.add
+        tmp = np.empty((Bn, H), dt)
+        hn = np.empty((Bn, H), dt)
+        if self.lbr:
+            r_all = p["r_t"][d]
+            rbh = p["rbh"][d]
+            g3 = np.empty((Bn, 3 * H), dt)
+            zr, z, r, hh = g3[:, : 2 * H], g3[:, :H], g3[:, H : 2 * H], g3[:, 2 * H :]
+        else:
+            r_zr, r_h = p["r_zr"][d], p["r_h"][d]
+            zr = np.empty((Bn, 2 * H), dt)
+            z, r = zr[:, :H], zr[:, H:]
+            hh = np.empty((Bn, H), dt)
+        for t in order:
+            x = xw[t]
+            if self.lbr:
+                matmul(h, r_all, out=g3)
+                zr += x[:, : 2 * H]
+                if b_zr is not None:
+                    clip(zr, -b_zr, b_zr, out=zr)
+                f(zr, zr)
+                hh += rbh
+                hh *= r
+                hh += x[:, 2 * H :]
+            else:
+                matmul(h, r_zr, out=zr)
+                zr += x[:, : 2 * H]
+                if b_zr is not None:
+                    clip(zr, -b_zr, b_zr, out=zr)
+                f(zr, zr)
+                multiply(r, h, out=tmp)
+                matmul(tmp, r_h, out=hh)
+                hh += x[:, 2 * H :]
+            if b_h is not None:
+                clip(hh, -b_h, b_h, out=hh)
+            g_act(hh, hh)
+            # H_t = (1 - z) ⊙ h~ + z ⊙ H_{t-1} = h~ + z ⊙ (H_{t-1} - h~)
+            subtract(h, hh, out=tmp)
+            tmp *= z
+            if masks is None:
+                h = add(hh, tmp, out=Y[t])
+            else:
+                m = masks[t]
+                add(hh, tmp, out=hn)
+                np.copyto(h, hn, where=m)
+                multiply(hn, m, out=Y[t])
+        return (h,)
+
+
+@op("LSTM", since=1)
+class LSTM(_Recurrent):
+    """Long short-term memory (gates i, o, f, c); peepholes, ``input_forget``; all versions."""
+
+    N_GATES = 4
+    N_ACTS = 3
+    DEFAULT_ACTS = ("sigmoid", "tanh", "tanh")
+    N_STATES = 2
+
+    def extra_setup(self):
+        self.input_forget = int(self.attrs.get("input_forget", 0))
+        D = self.num_dir
+        self.f = [_half_sigmoid if self.scaled[d] else self.act_fns[d][0] for d in range(D)]
+        self.g = [self.act_fns[d][1] for d in range(D)]
+        self.h = [self.act_fns[d][2] for d in range(D)]
+        # one tanh over all four gates when f is Sigmoid and g is Tanh
+        self.fused = [self.scaled[d] and self.act_names[d][1] == "tanh" for d in range(D)]
+
+    def _sig_cols(self, H):
+        return slice(0, 3 * H)
+
+    def extra_inputs(self, P, p, D, H, dt):
+        if P is None:
+            return None
+        P = np.asarray(P).astype(dt)
+        if P.shape != (D, 3 * H):
+            raise ValueError(f"{self.node.describe()}: P must be [{D}, {3 * H}], got {P.shape}")
+        # peepholes feed sigmoid gates: scale them like the weights
+        return P * p["scale"][:, : 3 * H]
+
+    def _loop(self, xw, p, d, states, Y, order, masks, extra):
+        h, c = states
+        H = p["H"]
+        r_t = p["r_t"][d]
+        f, g_act, h_act = self.f[d], self.g[d], self.h[d]
+        fused = self.fused[d]
+        bound = self._clip_bounds(p, d)
+        Bn = h.shape[0]
+        dt = h.dtype
+        gates = np.empty((Bn, 4 * H), dt)
+        gi, go, gf, gc = (gates[:, k * H : (k + 1) * H] for k in range(4))
+        sig = gates[:, : 3 * H]
+        tmp = np.empty((Bn, H), dt)
+        c_new = np.empty((Bn, H), dt)
+        hn = np.empty((Bn, H), dt)
+        peep = extra is not None
+        if peep:
+            p_i, p_o, p_f = extra[d, :H], extra[d, H : 2 * H], extra[d, 2 * H :]
+            gfc = gates[:, 2 * H :]
+            if bound is not None:
+                b_i, b_o, b_fc = bound[:H], bound[H : 2 * H], bound[2 * H :]
+        input_forget = self.input_forget
+        matmul, multiply, clip, tanh = np.matmul, np.multiply, np.clip, np.tanh
+        for t in order:
+            matmul(h, r_t, out=gates)
+            gates += xw[t]
+            if peep:
+                multiply(p_i, c, out=tmp)
+                gi += tmp
+                multiply(p_f, c, out=tmp)
+                gf += tmp
+            if bound is not None:
+                if peep:  # o is clipped once its peephole term is in
+                    clip(gi, -b_i, b_i, out=gi)
+                    clip(gfc, -b_fc, b_fc, out=gfc)
+                else:
+                    clip(gates, -bound, bound, out=gates)
+            if fused and not peep:
+                tanh(gates, out=gates)
+                sig *= 0.5
+                sig += 0.5
+            else:
+                f(gi, gi)
+                f(gf, gf)
+                g_act(gc, gc)
+            if input_forget:
+                np.subtract(1, gi, out=gf)
+            # C_t = f ⊙ C_{t-1} + i ⊙ c
+            multiply(gf, c, out=c_new)
+            gc *= gi
+            c_new += gc
+            if peep:
+                multiply(p_o, c_new, out=tmp)
+                go += tmp
+                if bound is not None:
+                    clip(go, -b_o, b_o, out=go)
+                f(go, go)
+            elif not fused:
+                f(go, go)
+            h_act(c_new, tmp)
+            if masks is None:
+                h = multiply(go, tmp, out=Y[t])
+                c, c_new = c_new, c
+            else:
+                m = masks[t]
+                multiply(go, tmp, out=hn)
+                np.copyto(h, hn, where=m)
+                np.copyto(c, c_new, where=m)
+                multiply(hn, m, out=Y[t])
+        return (h, c)

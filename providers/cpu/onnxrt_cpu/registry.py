@@ -1,0 +1,8 @@
+"""The CPU provider's kernel registry; kernel modules register into it with ``@op``."""
+
+from onnxrt.kernel import KernelRegistry
+
+REGISTRY = KernelRegistry()
+op = REGISTRY.op
+
+__all__ = ["REGISTRY", "op"]
