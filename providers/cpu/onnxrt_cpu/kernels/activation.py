@@ -27,11 +27,10 @@ def _float_compute(fn):
     @functools.wraps(fn)
     def wrapper(k, x, *args, **kw):
         dt = x.dtype
-        if is_low_float(dt):
-            args = tuple(a.astype(_F32) if isinstance(a, np.ndarray) else a for a in args)
-            y = fn(k, x.astype(_F32), *args, **kw)
-            return y.astype(dt)
-        with np.errstate(over="ignore", invalid="ignore", under="ignore"):
+        with np.errstate(over="ignore", invalid="ignore", under="ignore", divide="ignore"):
+            if is_low_float(dt):
+                args = tuple(a.astype(_F32) if isinstance(a, np.ndarray) else a for a in args)
+                return fn(k, x.astype(_F32), *args, **kw).astype(dt)
             return fn(k, x, *args, **kw)
 
     return wrapper

@@ -1,8 +1,9 @@
 """Attention family: Attention, RotaryEmbedding, LinearAttention, CausalConvWithState
 and the preview FlexAttention.
 
-Scores are computed with batched matmuls in float32 for float32 and half-precision
-inputs (float64 for double) and rounded to the output type once. Grouped-query
+Scores are computed with batched matmuls in float32 for float32 and float16 inputs
+(float64 for double) and rounded to the output type once; bfloat16 Attention rounds
+after each step as the operator's definition does, so it agrees bit for bit. Grouped-query
 attention never materialises repeated K/V heads: the query heads that share a K/V
 head are stacked along the query-sequence axis so each K/V head does one larger
 matmul. The softmax subtracts the row maximum, and a query row with no attendable
@@ -128,12 +129,13 @@ class Attention(Kernel):
             k = _split_heads(k, int(self.kv_num_heads), "K", desc)
             v = _split_heads(v, int(self.kv_num_heads), "V", desc)
         else:
-            for name, want, got in (("q_num_heads", self.q_num_heads, q.shape[1]), ("kv_num_heads", self.kv_num_heads, k.shape[1])):
+            heads = (("q_num_heads", self.q_num_heads, q.shape[1]), ("kv_num_heads", self.kv_num_heads, k.shape[1]))
+            for name, want, got in heads:
                 if want is not None and int(want) != got:
                     raise ValueError(f"{desc}: {name}={want} does not match the 4-D input's {got} heads")
         return q, k, v
 
-    def _bias(self, mask, cdt, b, sq, skv, past_len, nonpad):
+    def _bias(self, mask, cdt, sq, skv, past_len, nonpad):
         """Additive bias broadcastable to (B, Hq, Sq, Skv), or None when nothing masks."""
         desc = self.node.describe()
         bias = None
@@ -227,7 +229,7 @@ class Attention(Kernel):
             s *= c
         if self.want_qk and self.mode == 1:
             qk = s.copy()
-        bias = self._bias(attn_mask, cdt, bsz, sq, skv, past_len, nonpad_kv_seqlen)
+        bias = self._bias(attn_mask, cdt, sq, skv, past_len, nonpad_kv_seqlen)
         if bias is not None:
             try:
                 full = np.broadcast_shapes(s.shape, bias.shape)

@@ -127,6 +127,10 @@ def _parse_float(s) -> float:
     try:
         return float(s)
     except (TypeError, ValueError):
+        pass
+    try:
+        return float.fromhex(s)  # C's strtod reads hexadecimal floats too
+    except (TypeError, ValueError):
         raise ValueError(f"Cast: cannot convert string {s!r} to a number") from None
 
 
@@ -214,7 +218,11 @@ def cast_array(x: np.ndarray, to: np.dtype, saturate: bool = True, round_mode: s
         largest finite value instead of producing NaN/Inf.
     :param round_mode: rounding of float8e8m0 targets: ``up``, ``down`` or ``nearest``.
     """
-    to = np.dtype(to)
+    # numpy hands back scalars for 0-d operands; callers always get arrays
+    return np.asarray(_cast(np.asarray(x), np.dtype(to), saturate, round_mode))
+
+
+def _cast(x: np.ndarray, to: np.dtype, saturate: bool, round_mode: str):
     src = x.dtype
     if to == _OBJ:
         return _to_string(x)

@@ -12,8 +12,8 @@ Every convolution here is lowered to matrix products that BLAS runs:
   (col2im), one strided slice per kernel tap.
 
 Integer convolutions run the same GEMM on floating-point copies of the operands:
-float32 when every partial sum provably fits its 24-bit mantissa, float64 otherwise,
-so the int32 accumulator is always exact.
+float32 when every partial sum provably fits its 24-bit mantissa (checked per call
+from the input's range), float64 otherwise, so the int32 accumulator is always exact.
 
 The spatial helpers (:func:`conv_pads`, :func:`pad_spatial`, :func:`tap_slices`)
 are shared with the pooling kernels.
@@ -200,32 +200,59 @@ def _conv_forward(x, wp: _ConvWeights, strides, dilations, pb, pe, out_sp, bias=
 
 
 def _depthwise(x, wp, strides, dilations, pb, pe, out_sp, y, pad_value):
-    """Depthwise conv as a sum over taps of per-channel scaled strided input views."""
+    """Depthwise conv as a sum over taps of per-channel scaled shifted input views.
+
+    With unit strides every tap reads one contiguous run of the flattened padded
+    image: the output is computed on the padded row pitch (one extra padded row
+    keeps the last tap in bounds) and cropped once at the end.
+    """
     n, c = x.shape[:2]
     kernel = wp.kernel
     nd = len(kernel)
     w = wp.depthwise
+    flat = all(s == 1 for s in strides)
+    if flat:
+        pe = list(pe)
+        pe[0] += 1
     xp = pad_spatial(x, pb, pe, pad_value)
-    L = int(np.prod(out_sp, dtype=np.int64))
+    psp = xp.shape[2:]
+    if flat:
+        pitch = [int(np.prod(psp[a + 1 :], dtype=np.int64)) for a in range(nd)]
+        span = out_sp[0] * pitch[0]
+        offs = [
+            sum(t[a] * dilations[a] * pitch[a] for a in range(nd))
+            for t in itertools.product(*[range(k) for k in kernel])
+        ]
+        xf = xp.reshape(n, c, -1)
+        work = np.empty((c, span), dtype=x.dtype)
+        crop = (slice(None), slice(None)) + tuple(slice(0, o) for o in out_sp[1:])
+        L = span
+    else:
+        taps = [sl for _, sl in tap_slices(kernel, strides, dilations, out_sp)]
+        L = int(np.prod(out_sp, dtype=np.int64))
     # Channel blocks keep the accumulator and the temporary in cache across taps.
-    cb = max(1, min(c, (64 * 1024) // max(1, L)))
-    taps = list(tap_slices(kernel, strides, dilations, out_sp))
-    tmp_full = np.empty((cb, *out_sp), dtype=x.dtype)
-    bshape = (1,) * nd
+    cb = max(1, min(c, (48 * 1024) // max(1, L)))
+    tmp_full = np.empty((cb, span) if flat else (cb, *out_sp), dtype=x.dtype)
+    bshape = (1,) if flat else (1,) * nd
     for i in range(n):
         for c0 in range(0, c, cb):
             c1 = min(c, c0 + cb)
-            acc = y[i, c0:c1]
+            acc = work[c0:c1] if flat else y[i, c0:c1]
             tmp = tmp_full[: c1 - c0]
             wb = w[c0:c1]
-            for t, (tap, sl) in enumerate(taps):
-                src = xp[(i, slice(c0, c1)) + sl]
+            for t in range(len(wb[0])):
+                if flat:
+                    src = xf[i, c0:c1, offs[t] : offs[t] + span]
+                else:
+                    src = xp[(i, slice(c0, c1)) + taps[t]]
                 wt = wb[:, t].reshape((c1 - c0,) + bshape)
                 if t == 0:
                     np.multiply(src, wt, out=acc)
                 else:
                     np.multiply(src, wt, out=tmp)
                     acc += tmp
+        if flat:
+            y[i] = work.reshape(c, out_sp[0], *psp[1:])[crop]
 
 
 def _weight_for(k, w, group, dtype):
@@ -322,12 +349,12 @@ class _IntConvBase(Kernel):
                 wf -= wzp.astype(np.float64).reshape((-1,) + (1,) * (w.ndim - 1))
             else:
                 raise ValueError(f"weight zero point shape {wzp.shape} must be scalar or ({w.shape[0]},)")
-        # Largest |sum| of one output: K * max|x - x_zp| * max|w - w_zp| with |x - x_zp| <= 255.
+        # float32 copies too: used when the input's range keeps every sum exact.
+        wp64 = _ConvWeights(wf, self.group, np.float64)
+        wp32 = _ConvWeights(wf, self.group, np.float32)
         kdim = int(np.prod(w.shape[1:]))
         wmax = float(np.abs(wf).max()) if wf.size else 0.0
-        dt = np.float32 if kdim * 255.0 * wmax < 2.0**24 else np.float64
-        wp = _ConvWeights(wf, self.group, dt)
-        return wp
+        return wp32, wp64, kdim * wmax
 
     def _accumulate(self, x, xzp, w, wzp):
         """The int32 accumulator of the convolution, as an exact float array."""
@@ -335,15 +362,22 @@ class _IntConvBase(Kernel):
         nd = x.ndim - 2
         kernel, strides, dil = spatial_attrs(self.attrs, nd, w.shape[2:])
         if self._packed is not None and self._packed[0] is w:
-            wp = self._packed[1]
+            wp32, wp64, bound = self._packed[1]
         else:
-            wp = self._pack(w, wzp)
-        xf = x.astype(wp.gemm.dtype)
+            wp32, wp64, bound = self._pack(w, wzp)
+        zp = 0
         if xzp is not None:
             xzp = np.asarray(xzp)
             if xzp.size != 1:
                 raise ValueError(f"input zero point must be a scalar, got shape {xzp.shape}")
-            xf -= xf.dtype.type(xzp.reshape(()))
+            zp = int(xzp.reshape(()))
+        # Every partial sum is bounded by K * max|x - zp| * max|w - w_zp|; float32
+        # represents all integers below 2**24 exactly, whatever the summation order.
+        xmax = max(abs(int(x.max()) - zp), abs(int(x.min()) - zp)) if x.size else 0
+        wp = wp32 if bound * xmax < 2.0**24 else wp64
+        xf = x.astype(wp.gemm.dtype)
+        if zp:
+            xf -= xf.dtype.type(zp)
         pb, pe, out_sp = conv_pads(x.shape[2:], kernel, strides, dil, self.pads, self.auto_pad)
         return _conv_forward(xf, wp, strides, dil, pb, pe, out_sp)
 
@@ -440,16 +474,20 @@ class ConvTranspose(Kernel):
         full = [strides[i] * (in_sp[i] - 1) + op_[i] + (kernel[i] - 1) * dil[i] + 1 for i in range(nd)]
         out_shape = a.get("output_shape")
         pads = a.get("pads")
-        if out_shape:
+        explicit = bool(out_shape)
+        if explicit:
             out_shape = list(out_shape)[-nd:]
         elif self.auto_pad in ("SAME_UPPER", "SAME_LOWER") and not pads:
             out_shape = [in_sp[i] * strides[i] for i in range(nd)]
         if out_shape:
-            pb = []
+            # Padding is never negative (as in onnxruntime): a target larger than the
+            # natural output is zero-extended (explicit output_shape) or not reached (SAME).
+            pb, out = [], []
             for i in range(nd):
-                total = full[i] - out_shape[i]
+                total = max(0, full[i] - out_shape[i])
                 pb.append(total // 2 if self.auto_pad == "SAME_UPPER" else total - total // 2)
-            return pb, list(out_shape)
+                out.append(out_shape[i] if explicit else full[i] - total)
+            return pb, out
         if self.auto_pad == "VALID" or not pads:
             pads = [0] * (2 * nd)
         if len(pads) != 2 * nd:

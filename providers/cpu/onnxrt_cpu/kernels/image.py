@@ -164,7 +164,7 @@ class Resize(Kernel):
             offset = in_len / 2 * (1 - adjustment)
             return offset + (y + 0.5) / scale - 0.5
         if c == "pytorch_half_pixel":
-            return (y + 0.5) / scale - 0.5 if out_f != 1 else np.full(out_len, -0.5)
+            return (y + 0.5) / scale - 0.5 if out_len > 1 else np.zeros(out_len)
         if c == "align_corners":
             return y * (in_len - 1) / (out_f - 1) if out_f != 1 else np.zeros(out_len)
         if c == "asymmetric":
@@ -189,6 +189,11 @@ class Resize(Kernel):
             if not outside.any():
                 outside = None
         if self.mode == "nearest":
+            # Scales arrive as float32 (0.6 is 0.60000002), so a position meant to
+            # fall on an integer or a half can land a hair beside it; snap those so
+            # the rounding rule decides, not the representation error.
+            half = np.round(x * 2) / 2
+            x = np.where(np.abs(x - half) <= 1e-5 * np.maximum(1.0, np.abs(x)), half, x)
             nm = self.nearest_mode
             if nm == "round_prefer_floor":
                 idx = np.ceil(x - 0.5)
@@ -347,7 +352,8 @@ class GridSample(Kernel):
                 x = np.rint(x)
             lo, hi = (0.0, d - 1.0) if self.align else (-0.5, d - 0.5)
             if self.padding == "border":
-                x = np.clip(x, 0, d - 1)
+                if self.mode != "cubic":  # cubic clamps each tap instead
+                    x = np.clip(x, 0, d - 1)
             elif self.padding == "reflection":
                 x = np.where((x < lo) | (x > hi), _reflect(x, lo, hi), x)
             coords.append(x)

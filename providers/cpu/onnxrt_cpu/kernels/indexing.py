@@ -401,10 +401,17 @@ def _topk_indices(key, k):
     # Partition to find each row's k-th key, keep everything strictly smaller plus the
     # lowest-indexed equal ones, then sort just those k stably.
     kth = np.partition(key, k - 1, axis=1)[:, k - 1 : k]
-    less = key < kth
-    need = k - less.sum(axis=1, keepdims=True)
+    keep = key < kth
     eq = key == kth
-    keep = less | (eq & (np.cumsum(eq, axis=1) <= need))
+    need = k - keep.sum(axis=1)
+    surplus = eq.sum(axis=1) > need
+    if surplus.any():
+        # ties straddle the cut: only the first `need` equal keys of those rows survive
+        rows = np.flatnonzero(surplus)
+        sub = eq[rows]
+        sub &= np.cumsum(sub, axis=1, dtype=np.int32) <= need[rows, None]
+        eq[rows] = sub
+    keep |= eq
     cols = np.nonzero(keep)[1].reshape(R, k)  # ascending index within each row
     order = np.argsort(np.take_along_axis(key, cols, axis=1), axis=1, kind="stable")
     return np.take_along_axis(cols, order, axis=1)

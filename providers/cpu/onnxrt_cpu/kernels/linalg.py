@@ -47,7 +47,9 @@ class MatMul(Kernel):
         if a.dtype != b.dtype:
             raise ValueError(f"{self.node.describe()}: operands have different dtypes {a.dtype} and {b.dtype}")
         if a.ndim == 0 or b.ndim == 0:
-            raise ValueError(f"{self.node.describe()}: operands must have rank >= 1, got shapes {a.shape} and {b.shape}")
+            raise ValueError(
+                f"{self.node.describe()}: operands must have rank >= 1, got shapes {a.shape} and {b.shape}"
+            )
         out_dt = a.dtype
         cdt = _compute_dtype(out_dt)
         bb = self.b_packed if self.b_packed is not None and self.b_packed.shape == b.shape else _as_compute(b, cdt)

@@ -2,8 +2,9 @@
 Where, NaN/Inf tests, bitwise ops, and a few non-elementwise math ops (Det, CumSum,
 CumProd, Einsum).
 
-float16 and bfloat16 inputs are computed in float32 and cast back wherever a result
-involves more than one rounding step; float32 stays float32 throughout.
+float16 and bfloat16 inputs are computed in float32 and cast back (numpy has no
+native bfloat16 math); float32 stays float32 throughout. Integer arithmetic wraps
+like C, and integer division or modulo by zero gives 0 instead of trapping.
 """
 
 from __future__ import annotations

@@ -125,18 +125,29 @@ class _PoolBase(Kernel):
 
 
 def _reduce_taps(xp, kernel, strides, dil, out_sp, ufunc):
-    """``ufunc``-reduce the taps of every window of the padded input."""
-    if int(np.prod(kernel)) > _MAX_TAPS:
+    """``ufunc``-reduce the taps of every window of the padded input.
+
+    A box window is separable, so it is reduced one spatial axis at a time
+    (last axis first): ``sum(k - 1)`` passes instead of ``prod(k) - 1``.
+    """
+    nd = len(kernel)
+    if max(kernel) > _MAX_TAPS:
         v = _window_view(xp, kernel, strides, dil, out_sp)
-        nd = len(kernel)
         return ufunc.reduce(v, axis=tuple(range(v.ndim - nd, v.ndim)))
-    y = None
-    for _, sl in tap_slices(kernel, strides, dil, out_sp):
-        v = xp[(Ellipsis,) + sl]
-        if y is None:
-            y = v.copy()
-        else:
-            ufunc(y, v, out=y)
+    y = xp
+    for a in reversed(range(nd)):
+        ax = y.ndim - nd + a
+        lead = (slice(None),) * ax
+        span = strides[a] * (out_sp[a] - 1) + 1
+        r = None
+        for t in range(kernel[a]):
+            st = t * dil[a]
+            v = y[lead + (slice(st, st + span, strides[a]),)]
+            if r is None:
+                r = v.copy()
+            else:
+                ufunc(r, v, out=r)
+        y = r
     return y
 
 

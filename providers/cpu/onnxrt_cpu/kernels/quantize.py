@@ -92,20 +92,30 @@ def quantize(x, scale, zero_point, out_dtype, *, axis=1, block_size=0, saturate=
     out_dtype = np.dtype(out_dtype)
     axis = _axis_for(x, axis)
     s = _expand_param(np.asarray(scale), x.shape, axis, block_size, "y_scale")
-    pdt = np.dtype(precision) if precision is not None else s.dtype
-    if pdt.kind != "f" and pdt not in _COMPUTE_16:
-        pdt = _F32  # int32 or float8e8m0 scales divide in float32
+    if s.dtype.kind != "f" and s.dtype not in _COMPUTE_16:
+        s = s.astype(_F32)  # int32 or float8e8m0 scales
+    if precision is not None:
+        pdt = np.dtype(precision)
+        if pdt in _COMPUTE_16:
+            # an explicit 16-bit precision rounds the operands and the quotient
+            x = x.astype(pdt)
+            s = s.astype(pdt)
+    elif x.dtype.kind in "iu":
+        pdt = _F64
+    else:
+        # 16-bit inputs divide in float32 without rounding the quotient, as onnxruntime does
+        pdt = np.result_type(x.dtype, s.dtype)
     cdt = _F64 if pdt == _F64 else _F32
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        v = np.divide(x.astype(cdt, copy=False), s.astype(cdt, copy=False), dtype=cdt)
-        if pdt in _COMPUTE_16:
+        v = np.asarray(np.divide(x.astype(cdt, copy=False), s.astype(cdt, copy=False), dtype=cdt))
+        if precision is not None and pdt in _COMPUTE_16:
             v = v.astype(pdt).astype(cdt)
         zp = None
         if zero_point is not None:
             zp = _expand_param(np.asarray(zero_point), x.shape, axis, block_size, "y_zero_point")
         if out_dtype in INT_RANGES:
             lo, hi = INT_RANGES[out_dtype]
-            v = np.rint(v)
+            np.rint(v, out=v)
             if zp is not None:
                 v += zp.astype(cdt)
             np.clip(v, lo, hi, out=v)
@@ -172,14 +182,15 @@ def dequantize(x, scale, zero_point, out_dtype, *, axis=1, block_size=0):
     cdt = _F64 if out_dtype == _F64 else _F32
     xdt = x.dtype
     if xdt.kind in "iu" or xdt in INT_RANGES:
-        wide = np.int64 if xdt.itemsize >= 4 else np.int32
+        # up to 16-bit values the difference is exact in float32; int32 needs int64
+        wide = np.int64 if xdt.itemsize >= 4 else cdt
         d = x.astype(wide)
         if zero_point is not None:
             if zero_point.dtype != xdt:
                 raise ValueError(f"DequantizeLinear: x_zero_point type {zero_point.dtype} differs from x type {xdt}")
             zp = _expand_param(np.asarray(zero_point), x.shape, axis, block_size, "x_zero_point")
-            d = d - zp.astype(wide)
-        d = d.astype(cdt)
+            d -= zp.astype(wide)
+        d = d.astype(cdt, copy=False)
     else:
         d = x.astype(cdt)
         if zero_point is not None:
@@ -316,7 +327,7 @@ class QLinearMatMul(Kernel):
         sa = _row_param(a_scale, a)
         # the scale ratio is formed in the scales' own precision
         mult = (sa * np.asarray(b_scale)) / np.asarray(y_scale)
-        v = acc * mult.astype(_F64)
+        v = np.asarray(acc * mult.astype(_F64))
         out = a.dtype if y_zero_point is None else y_zero_point.dtype
         if out in INT_RANGES:
             lo, hi = INT_RANGES[out]

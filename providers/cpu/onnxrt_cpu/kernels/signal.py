@@ -162,9 +162,10 @@ class _Window(Kernel):
         if denom <= 0:
             return (np.ones(n, dtype=self.dtype),)
         phase = np.arange(n, dtype=_F64) * (2.0 * np.pi / denom)
-        y = np.full(n, self.coeffs[0], dtype=_F64)
+        y = np.zeros(n, dtype=_F64)
         for k, a in enumerate(self.coeffs[1:], start=1):
             y += (-1) ** k * a * np.cos(k * phase)
+        y += self.coeffs[0]  # last, so the peak of an integer-typed window is exactly 1
         return (y.astype(self.dtype),)
 
 

@@ -77,7 +77,8 @@ class Constant(Kernel):
         if "value" in a:
             v = np.asarray(a["value"])
         elif "sparse_value" in a:
-            v = _sparse_to_dense(a["sparse_value"])
+            sp = a["sparse_value"]
+            v = sp if isinstance(sp, np.ndarray) else _sparse_to_dense(sp)
         elif "value_float" in a:
             v = np.array(a["value_float"], dtype=np.float32)
         elif "value_floats" in a:
@@ -238,8 +239,9 @@ class Squeeze(Kernel):
         ax = self.axes
         if self.dynamic and axes is not None:
             ax = _ints(axes)
-        if ax is None:
-            return (self.xp.squeeze(x),) if x.ndim else (x.view(),)
+        if not ax:
+            # no axes (or an empty list, as onnxruntime reads it): drop every 1
+            return (self.xp.squeeze(x),)
         r = x.ndim
         norm = tuple(_norm_axis(a, r, "Squeeze") for a in ax)
         for a in norm:
@@ -305,7 +307,7 @@ class Concat(Kernel):
             raise ValueError("Concat: no inputs")
         axis = _norm_axis(self.axis, xs[0].ndim, "Concat")
         if len(xs) == 1:
-            return (xs[0].copy(),)
+            return (xs[0].view(),)
         try:
             return (self.xp.concatenate(xs, axis=axis),)
         except ValueError as e:
@@ -526,7 +528,7 @@ def _pad(xp, x, pads, axes, mode, value):
         if min(shape, default=0) < 0:
             raise ValueError(f"Pad: pads {list(pads)} give a negative output shape {shape}")
         if shape == x.shape and not any(before):
-            return x.copy()
+            return x.view()
         if x.dtype != object and value == 0:
             out = xp.zeros(shape, dtype=x.dtype)
         else:
@@ -553,7 +555,7 @@ def _pad(xp, x, pads, axes, mode, value):
         before = [max(b, 0) for b in before]
         after = [max(e, 0) for e in after]
     if not any(before) and not any(after):
-        return x.copy()
+        return x.view()
     for a in range(r):
         if (before[a] or after[a]) and x.shape[a] == 0:
             raise ValueError(f"Pad: cannot pad an empty axis {a} in {mode} mode")
@@ -591,7 +593,7 @@ class CenterCropPad(Kernel):
                 o = (t - d) // 2
                 dst[a] = slice(o, o + d)
         if out_shape == list(x.shape):
-            return (x.copy(),)
+            return (x.view(),)
         out = self.xp.zeros(out_shape, dtype=x.dtype)
         out[tuple(dst)] = x[tuple(src)]
         return (out,)
@@ -728,8 +730,11 @@ class Dropout(Kernel):
             return (x.view(), self.xp.ones(x.shape, dtype=mask_dt))
         if not 0 <= r < 1:
             raise ValueError(f"Dropout: ratio {r} must be in [0, 1)")
-        rng = np.random.RandomState(self.seed) if self.seed is not None else np.random
-        mask = rng.uniform(0.0, 1.0, x.shape) >= r
+        if self.seed is not None:
+            u = np.random.RandomState(self.seed).uniform(0.0, 1.0, x.shape)
+        else:
+            u = np.random.default_rng().random(x.shape)
+        mask = u >= r
         y = (x * mask * x.dtype.type(1.0 / (1.0 - r))).astype(x.dtype, copy=False)
         if not self.want_mask:
             return (y,)
@@ -759,7 +764,9 @@ class Upsample(Kernel):
             self.scales = None if c is None else np.asarray(c, dtype=np.float64).reshape(-1).tolist()
 
     def run(self, x, scales=None):
-        sc = self.scales if self.scales is not None else np.asarray(scales, dtype=np.float64).reshape(-1).tolist()
+        sc = self.scales
+        if sc is None:
+            sc = np.asarray(scales, dtype=np.float64).reshape(-1).tolist()
         if len(sc) != x.ndim:
             raise ValueError(f"Upsample: {len(sc)} scales for input of rank {x.ndim}")
         y = x

@@ -1,0 +1,443 @@
+"""ai.onnx.ml kernels against onnxruntime on scikit-learn models converted by skl2onnx.
+
+Each converted graph is executed node by node through the CPU kernel registry
+(:func:`run_graph`) and compared with onnxruntime: labels exactly, scores to 1e-4.
+"""
+
+import importlib
+import sys
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+for p in (ROOT / "core", ROOT / "providers" / "cpu"):
+    if str(p) not in sys.path:
+        sys.path.insert(0, str(p))
+
+onnx = pytest.importorskip("onnx")
+ort = pytest.importorskip("onnxruntime")
+pytest.importorskip("sklearn")
+pytest.importorskip("skl2onnx")
+
+from onnx import helper, numpy_helper, TensorProto  # noqa: E402
+from onnxrt.kernel import NodeInfo, decode_attribute  # noqa: E402
+from onnxrt_cpu.registry import REGISTRY  # noqa: E402
+import onnxrt_cpu.kernels as _kernels  # noqa: E402
+
+for _m in _kernels.MODULES:  # other kernel modules are optional for these graphs
+    try:
+        importlib.import_module(f"onnxrt_cpu.kernels.{_m}")
+    except Exception:  # noqa: BLE001
+        pass
+
+TARGET_OPSET = {"": 18, "ai.onnx.ml": 3}
+
+
+def run_graph(model, feeds):
+    """Execute ``model``'s nodes in order through the CPU registry; returns the outputs."""
+    g = model.graph
+    opsets = {o.domain or "": o.version for o in model.opset_import}
+    env = {init.name: numpy_helper.to_array(init) for init in g.initializer}
+    env.update(feeds)
+    types = {vi.name: vi.type for vi in list(g.input) + list(g.output) + list(g.value_info)}
+    for n in g.node:
+        dom = n.domain or ""
+        if dom == "ai.onnx":
+            dom = ""
+        info = NodeInfo(
+            name=n.name or n.op_type,
+            op_type=n.op_type,
+            domain=dom,
+            opset=opsets.get(dom, 1),
+            attrs={a.name: decode_attribute(a) for a in n.attribute},
+            inputs=list(n.input),
+            outputs=list(n.output),
+            input_types=[types.get(i) for i in n.input],
+            output_types=[types.get(o) for o in n.output],
+        )
+        kernel = REGISTRY.create(info)
+        outs = kernel.run(*[env[i] if i else None for i in n.input])
+        for name, v in zip(n.output, outs):
+            if name:
+                env[name] = v
+    return [env[o.name] for o in g.output]
+
+
+def _convert(model, X, **kw):
+    from skl2onnx import to_onnx
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        onx = to_onnx(model, X[:1], target_opset=TARGET_OPSET, **kw)
+    onx.ir_version = min(onx.ir_version, 10)
+    return onx
+
+
+def _ort(onx, feeds):
+    sess = ort.InferenceSession(onx.SerializeToString(), providers=["CPUExecutionProvider"])
+    return sess.run(None, feeds)
+
+
+def _compare(exp, got, where):
+    if isinstance(exp, list):  # ZipMap output
+        assert isinstance(got, list) and len(got) == len(exp), where
+        for e, g in zip(exp, got):
+            assert list(e.keys()) == list(g.keys()), where
+            np.testing.assert_allclose(list(g.values()), list(e.values()), rtol=1e-4, atol=1e-4, err_msg=where)
+        return
+    got = np.asarray(got)
+    assert got.shape == exp.shape, f"{where}: shape {got.shape} != {exp.shape}"
+    assert got.dtype == exp.dtype, f"{where}: dtype {got.dtype} != {exp.dtype}"
+    if exp.dtype == object or exp.dtype.kind in "iub":
+        assert (got == exp).all(), f"{where}: {got[:10]} != {exp[:10]}"
+    else:
+        np.testing.assert_allclose(got, exp, rtol=1e-4, atol=1e-4, err_msg=where)
+
+
+def _check(model, X, name, **kw):
+    onx = _convert(model, X, **kw)
+    ml = {n.op_type for n in onx.graph.node if n.domain == "ai.onnx.ml"}
+    assert ml, f"{name}: no ai.onnx.ml node in the converted graph"
+    feeds = {onx.graph.input[0].name: X}
+    exp = _ort(onx, feeds)
+    got = run_graph(onx, feeds)
+    for o, e, g in zip(onx.graph.output, exp, got):
+        _compare(e, g, f"{name}:{o.name}")
+    return ml
+
+
+# -- datasets ---------------------------------------------------------------------------
+def _iris():
+    from sklearn.datasets import load_iris
+
+    X, y = load_iris(return_X_y=True)
+    return X.astype(np.float32), y
+
+
+def _digits():
+    from sklearn.datasets import load_digits
+
+    X, y = load_digits(return_X_y=True)
+    return X.astype(np.float32), y
+
+
+def _diabetes():
+    from sklearn.datasets import load_diabetes
+
+    X, y = load_diabetes(return_X_y=True)
+    return X.astype(np.float32), y
+
+
+# -- trees ------------------------------------------------------------------------------
+def test_random_forest_classifier():
+    from sklearn.ensemble import RandomForestClassifier
+
+    X, y = _iris()
+    m = RandomForestClassifier(n_estimators=10, max_depth=5, random_state=0).fit(X, y)
+    assert "TreeEnsembleClassifier" in _check(m, X, "rf")
+
+
+def test_random_forest_binary_no_zipmap():
+    from sklearn.ensemble import RandomForestClassifier
+
+    X, y = _iris()
+    yb = (y == 1).astype(np.int64)
+    m = RandomForestClassifier(n_estimators=7, max_depth=4, random_state=1).fit(X, yb)
+    _check(m, X, "rf-binary", options={"zipmap": False})
+
+
+def test_gradient_boosting_regressor():
+    from sklearn.ensemble import GradientBoostingRegressor
+
+    X, y = _diabetes()
+    m = GradientBoostingRegressor(n_estimators=30, max_depth=3, random_state=0).fit(X, y)
+    assert "TreeEnsembleRegressor" in _check(m, X, "gbr")
+
+
+def test_gradient_boosting_classifier_multiclass():
+    from sklearn.ensemble import GradientBoostingClassifier
+
+    X, y = _iris()
+    m = GradientBoostingClassifier(n_estimators=10, max_depth=2, random_state=0).fit(X, y)
+    _check(m, X, "gbc", options={"zipmap": False})
+
+
+def test_gradient_boosting_classifier_binary():
+    from sklearn.ensemble import GradientBoostingClassifier
+
+    X, y = _iris()
+    m = GradientBoostingClassifier(n_estimators=10, max_depth=2, random_state=0).fit(X, (y == 2).astype(int))
+    _check(m, X, "gbc-binary", options={"zipmap": False})
+
+
+def test_decision_tree_classifier_string_labels():
+    from sklearn.tree import DecisionTreeClassifier
+
+    X, y = _iris()
+    names = np.array(["setosa", "versicolor", "virginica"], dtype=object)
+    m = DecisionTreeClassifier(max_depth=4, random_state=0).fit(X, names[y])
+    _check(m, X, "dt-str")
+
+
+def test_decision_tree_regressor():
+    from sklearn.tree import DecisionTreeRegressor
+
+    X, y = _diabetes()
+    m = DecisionTreeRegressor(max_depth=6, random_state=0).fit(X, y)
+    _check(m, X, "dt-reg")
+
+
+def test_extra_trees_regressor_multi_target():
+    from sklearn.ensemble import ExtraTreesRegressor
+
+    X, y = _diabetes()
+    Y = np.stack([y, -y, y * 0.5], axis=1)
+    m = ExtraTreesRegressor(n_estimators=5, max_depth=5, random_state=0).fit(X, Y)
+    _check(m, X, "et-multi")
+
+
+# -- linear -----------------------------------------------------------------------------
+def test_logistic_regression_multiclass():
+    from sklearn.linear_model import LogisticRegression
+
+    X, y = _iris()
+    m = LogisticRegression(max_iter=500).fit(X, y)
+    assert "LinearClassifier" in _check(m, X, "logreg")
+
+
+def test_logistic_regression_binary():
+    from sklearn.linear_model import LogisticRegression
+
+    X, y = _iris()
+    m = LogisticRegression(max_iter=500).fit(X, (y == 1).astype(int))
+    _check(m, X, "logreg-binary", options={"zipmap": False})
+
+
+def test_linear_regression():
+    from sklearn.linear_model import LinearRegression
+
+    X, y = _diabetes()
+    m = LinearRegression().fit(X, y)
+    assert "LinearRegressor" in _check(m, X, "linreg")
+
+
+def test_svc_probability():
+    from sklearn.svm import SVC
+
+    X, y = _iris()
+    m = SVC(probability=True, random_state=0).fit(X, y)
+    assert "SVMClassifier" in _check(m, X, "svc-proba", options={"zipmap": False})
+
+
+@pytest.mark.parametrize("kernel", ["linear", "poly", "rbf", "sigmoid"])
+def test_svc_kernels(kernel):
+    from sklearn.svm import SVC
+
+    X, y = _iris()
+    m = SVC(kernel=kernel, random_state=0, gamma=0.1).fit(X, y)
+    _check(m, X, f"svc-{kernel}", options={"zipmap": False})
+
+
+def test_svc_binary_probability_digits():
+    from sklearn.svm import SVC
+
+    X, y = _digits()
+    X, y = X[:300] / 16.0, (y[:300] % 2).astype(int)
+    m = SVC(probability=True, random_state=0).fit(X, y)
+    _check(m, X.astype(np.float32), "svc-binary", options={"zipmap": False})
+
+
+@pytest.mark.parametrize("kernel", ["linear", "rbf"])
+def test_svr(kernel):
+    from sklearn.svm import SVR
+
+    X, y = _diabetes()
+    m = SVR(kernel=kernel, C=10.0).fit(X, y)
+    assert "SVMRegressor" in _check(m, X, f"svr-{kernel}")
+
+
+def test_one_class_svm():
+    from sklearn.svm import OneClassSVM
+
+    X, _ = _iris()
+    m = OneClassSVM(gamma=0.1, nu=0.1).fit(X)
+    _check(m, X, "ocsvm")
+
+
+# -- preprocessing ----------------------------------------------------------------------
+def test_standard_scaler():
+    from sklearn.preprocessing import StandardScaler
+
+    X, _ = _diabetes()
+    assert "Scaler" in _check(StandardScaler().fit(X), X, "scaler")
+
+
+@pytest.mark.parametrize("norm", ["l1", "l2", "max"])
+def test_normalizer(norm):
+    from sklearn.preprocessing import Normalizer
+
+    X, _ = _iris()
+    assert "Normalizer" in _check(Normalizer(norm=norm).fit(X), X, f"normalizer-{norm}")
+
+
+def test_binarizer():
+    from sklearn.preprocessing import Binarizer
+
+    X, _ = _iris()
+    assert "Binarizer" in _check(Binarizer(threshold=3.0).fit(X), X, "binarizer")
+
+
+def test_one_hot_encoder_int():
+    from sklearn.preprocessing import OneHotEncoder
+
+    X, _ = _iris()
+    Xi = np.round(X[:, :2]).astype(np.int64)
+    m = OneHotEncoder(handle_unknown="ignore").fit(Xi)
+    _check(m, Xi, "ohe-int")
+
+
+def test_one_hot_encoder_string():
+    from sklearn.preprocessing import OneHotEncoder
+
+    Xs = np.array([["a", "x"], ["b", "y"], ["a", "z"], ["c", "x"]], dtype=object)
+    m = OneHotEncoder(handle_unknown="ignore").fit(Xs)
+    _check(m, Xs, "ohe-str")
+
+
+def test_label_encoder():
+    from sklearn.preprocessing import LabelEncoder
+
+    y = np.array(["b", "a", "c", "a", "b"], dtype=object)
+    m = LabelEncoder().fit(y)
+    _check(m, y, "label-encoder")
+
+
+# -- node-level checks against onnxruntime ---------------------------------------------
+def _node_model(op, attrs, inputs, outputs, ml_opset=3):
+    node = helper.make_node(op, [i.name for i in inputs], [o.name for o in outputs], domain="ai.onnx.ml", **attrs)
+    g = helper.make_graph([node], "g", inputs, outputs)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("ai.onnx.ml", ml_opset)])
+    m.ir_version = 10
+    return m
+
+
+def _tree_attrs(rng, n_trees, n_feat, n_cls, modes, one_class=False):
+    a = {k: [] for k in ("nodes_treeids", "nodes_nodeids", "nodes_featureids", "nodes_values", "nodes_modes",
+                         "nodes_truenodeids", "nodes_falsenodeids", "nodes_missing_value_tracks_true")}
+    w = {k: [] for k in ("treeids", "nodeids", "ids", "weights")}
+    for t in range(n_trees):
+        nodes = []
+
+        def build(depth):
+            nid = len(nodes)
+            nodes.append(None)
+            if depth >= 3 or (depth and rng.random() < 0.3):
+                nodes[nid] = None
+                return nid
+            f, thr, mode = int(rng.integers(n_feat)), float(np.round(rng.normal(), 1)), str(rng.choice(modes))
+            tn, fn = build(depth + 1), build(depth + 1)
+            nodes[nid] = (mode, f, thr, tn, fn, int(rng.random() < 0.5))
+            return nid
+
+        build(0)
+        for i, nd in enumerate(nodes):
+            a["nodes_treeids"].append(t)
+            a["nodes_nodeids"].append(i)
+            if nd is None:
+                for k, v in zip(a, (None, None, 0, 0.0, "LEAF", 0, 0, 0)):
+                    if v is not None:
+                        a[k].append(v)
+                classes = [1] if one_class else list(range(n_cls))
+                for c in classes:
+                    w["treeids"].append(t)
+                    w["nodeids"].append(i)
+                    w["ids"].append(c)
+                    w["weights"].append(float(np.round(rng.random(), 2)))
+            else:
+                mode, f, thr, tn, fn, mt = nd
+                for k, v in zip(list(a)[2:], (f, thr, mode, tn, fn, mt)):
+                    a[k].append(v)
+    return a, w
+
+
+@pytest.mark.parametrize("post", ["NONE", "LOGISTIC", "SOFTMAX", "SOFTMAX_ZERO"])
+@pytest.mark.parametrize("n_cls,one_class", [(3, False), (2, True), (2, False)])
+def test_tree_classifier_modes_vs_ort(post, n_cls, one_class):
+    rng = np.random.default_rng(n_cls * 10 + len(post))
+    modes = ["BRANCH_LEQ", "BRANCH_LT", "BRANCH_GTE", "BRANCH_GT", "BRANCH_EQ", "BRANCH_NEQ"]
+    a, w = _tree_attrs(rng, 4, 3, n_cls, modes, one_class)
+    attrs = dict(a, class_treeids=w["treeids"], class_nodeids=w["nodeids"], class_ids=w["ids"],
+                 class_weights=w["weights"], post_transform=post, classlabels_int64s=list(range(n_cls)))
+    if n_cls == 2 and not one_class:
+        attrs["base_values"] = [0.1, -0.2]
+    X = np.round(rng.normal(size=(40, 3)), 1).astype(np.float32)
+    X[rng.random(X.shape) < 0.1] = np.nan
+    m = _node_model("TreeEnsembleClassifier", attrs,
+                    [helper.make_tensor_value_info("X", TensorProto.FLOAT, [None, 3])],
+                    [helper.make_tensor_value_info("Y", TensorProto.INT64, [None]),
+                     helper.make_tensor_value_info("Z", TensorProto.FLOAT, [None, n_cls])])
+    exp = _ort(m, {"X": X})
+    got = run_graph(m, {"X": X})
+    for e, g, n in zip(exp, got, "YZ"):
+        _compare(e, g, n)
+
+
+@pytest.mark.parametrize("agg", ["SUM", "AVERAGE", "MIN", "MAX"])
+def test_tree_regressor_aggregates_vs_ort(agg):
+    rng = np.random.default_rng(7)
+    a, w = _tree_attrs(rng, 5, 3, 2, ["BRANCH_LEQ", "BRANCH_GT"])
+    attrs = dict(a, target_treeids=w["treeids"], target_nodeids=w["nodeids"], target_ids=w["ids"],
+                 target_weights=w["weights"], aggregate_function=agg, n_targets=2, base_values=[0.5, -0.5])
+    X = np.round(rng.normal(size=(30, 3)), 1).astype(np.float32)
+    m = _node_model("TreeEnsembleRegressor", attrs,
+                    [helper.make_tensor_value_info("X", TensorProto.FLOAT, [None, 3])],
+                    [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [None, 2])])
+    _compare(_ort(m, {"X": X})[0], run_graph(m, {"X": X})[0], agg)
+
+
+def test_tree_ensemble_v5_member_vs_ort():
+    # tree 0: x0 in {1, 3} ? (x1 <= 0.5 ? leaf0 : leaf1) : leaf2 ; tree 1: a single leaf
+    attrs = dict(
+        nodes_featureids=[0, 1, 0], nodes_splits=numpy_helper.from_array(np.array([0.0, 0.5, 0.0], np.float32)),
+        nodes_modes=numpy_helper.from_array(np.array([6, 0, 0], np.uint8)),
+        nodes_truenodeids=[1, 0, 3], nodes_trueleafs=[0, 1, 1],
+        nodes_falsenodeids=[2, 1, 3], nodes_falseleafs=[1, 1, 1],
+        nodes_missing_value_tracks_true=[1, 0, 0],
+        membership_values=numpy_helper.from_array(np.array([1.0, 3.0, np.nan], np.float32)),
+        leaf_targetids=[0, 1, 0, 1], leaf_weights=numpy_helper.from_array(np.array([1, 2, 3, 4], np.float32)),
+        tree_roots=[0, 2], n_targets=2, aggregate_function=1, post_transform=0,
+    )
+    X = np.array([[1, 0], [3, 1], [2, 0], [np.nan, 1], [0, 0]], np.float32)
+    m = _node_model("TreeEnsemble", attrs, [helper.make_tensor_value_info("X", TensorProto.FLOAT, [None, 2])],
+                    [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [None, 2])], ml_opset=5)
+    _compare(_ort(m, {"X": X})[0], run_graph(m, {"X": X})[0], "tree-v5")
+
+
+def test_array_feature_extractor_out_of_range():
+    m = _node_model("ArrayFeatureExtractor", {},
+                    [helper.make_tensor_value_info("X", TensorProto.FLOAT, [None, 3]),
+                     helper.make_tensor_value_info("I", TensorProto.INT64, [None])],
+                    [helper.make_tensor_value_info("Y", TensorProto.FLOAT, None)])
+    X = np.arange(6, dtype=np.float32).reshape(2, 3)
+    _compare(_ort(m, {"X": X, "I": np.array([2, 0])})[0], run_graph(m, {"X": X, "I": np.array([2, 0])})[0], "afe")
+    with pytest.raises(IndexError):
+        run_graph(m, {"X": X, "I": np.array([3])})
+
+
+def test_zipmap_and_label_encoder_v4():
+    m = _node_model("LabelEncoder", dict(keys_tensor=numpy_helper.from_array(np.array([1, 2, 3], np.int64)),
+                                         values_tensor=numpy_helper.from_array(np.array([0.5, 1.5, 2.5], np.float32)),
+                                         default_tensor=numpy_helper.from_array(np.array([-1.0], np.float32))),
+                    [helper.make_tensor_value_info("X", TensorProto.INT64, [None])],
+                    [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [None])], ml_opset=4)
+    x = np.array([3, 1, 7, 2], np.int64)
+    _compare(_ort(m, {"X": x})[0], run_graph(m, {"X": x})[0], "le4")
+    zm = _node_model("ZipMap", dict(classlabels_strings=["a", "b"]),
+                     [helper.make_tensor_value_info("X", TensorProto.FLOAT, [None, 2])],
+                     [helper.make_value_info("Y", helper.make_sequence_type_proto(
+                         helper.make_map_type_proto(TensorProto.STRING, helper.make_tensor_type_proto(TensorProto.FLOAT, []))))])
+    z = np.array([[0.25, 0.75], [1, 0]], np.float32)
+    _compare(_ort(zm, {"X": z})[0], run_graph(zm, {"X": z})[0], "zipmap")
