@@ -1,9 +1,11 @@
 """Pooling: MaxPool, AveragePool, LpPool, their global forms, MaxUnpool, MaxRoiPool, RoiAlign.
 
 Windowed pooling reduces over kernel taps: for each tap, one strided view of the
-padded input covers every output position, so a k x k pool is k*k vectorized
-``maximum``/``add`` calls over the whole output. Windows with very many taps and
-few outputs reduce over a sliding-window view instead.
+padded input covers every output position. Box windows are separable, so max, sum
+and Lp pooling reduce one spatial axis at a time (a k x k pool costs 2(k-1)
+vectorized ``maximum``/``add`` calls over the data); very wide windows reduce a
+sliding-window view instead. MaxPool with Indices walks all taps once, tracking
+the first maximal tap per output.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from onnxrt.kernel import Kernel
 from ..registry import op
 from .conv import compute_dtype, pad_spatial, spatial_attrs, tap_slices
 
-# Above this many taps, reduce a sliding-window view rather than looping over taps.
+# Above this window extent on any axis, reduce a sliding-window view rather than looping over taps.
 _MAX_TAPS = 64
 
 
@@ -178,7 +180,8 @@ class MaxPool(_PoolBase):
             y = _reduce_taps(xp, kernel, strides, dil, out_sp, np.maximum)
             return (y.astype(dt, copy=False),)
         y = None
-        best = np.zeros((*x.shape[:2], *out_sp), dtype=np.int64)
+        ntaps = int(np.prod(kernel))
+        best = np.zeros((*x.shape[:2], *out_sp), dtype=np.int8 if ntaps <= 127 else np.int32)
         mask = np.empty(best.shape, dtype=bool)
         for t, (_, sl) in enumerate(tap_slices(kernel, strides, dil, out_sp)):
             v = xp[(Ellipsis,) + sl]
@@ -187,24 +190,29 @@ class MaxPool(_PoolBase):
                 continue
             # Strictly greater: the first maximal tap in window order wins.
             np.greater(v, y, out=mask)
-            np.copyto(y, v, where=mask)
-            np.copyto(best, t, where=mask)
+            np.maximum(y, v, out=y)
+            np.putmask(best, mask, t)
         return (y.astype(dt, copy=False), self._indices(x.shape, best, kernel, strides, dil, pb, out_sp))
 
     def _indices(self, shape, best, kernel, strides, dil, pb, out_sp):
+        """Flattened input positions: per-position window origin plus per-tap offset."""
         nd = len(kernel)
         in_sp = shape[2:]
-        taps = np.unravel_index(best, kernel)
         if self.storage_order == 0:
             mult = [int(np.prod(in_sp[i + 1 :])) for i in range(nd)]
         else:
             mult = [int(np.prod(in_sp[:i])) for i in range(nd)]
-        plane = int(np.prod(in_sp))
-        idx = (np.arange(shape[0] * shape[1], dtype=np.int64) * plane).reshape(shape[0], shape[1], *([1] * nd))
-        idx = idx + np.zeros(best.shape, dtype=np.int64)
+        tap_off = np.zeros(kernel, dtype=np.int64)
+        origin = np.zeros(out_sp, dtype=np.int64)
         for i in range(nd):
-            o = (np.arange(out_sp[i]) * strides[i] - pb[i]).reshape([-1 if j == i else 1 for j in range(nd)])
-            idx += (o + taps[i] * dil[i]) * mult[i]
+            bshape = [-1 if j == i else 1 for j in range(nd)]
+            tap_off += (np.arange(kernel[i]) * dil[i] * mult[i]).reshape(bshape)
+            origin += ((np.arange(out_sp[i]) * strides[i] - pb[i]) * mult[i]).reshape(bshape)
+        plane = int(np.prod(in_sp))
+        base = (np.arange(shape[0] * shape[1], dtype=np.int64) * plane).reshape(shape[0], shape[1], *([1] * nd))
+        idx = tap_off.reshape(-1).take(best)
+        idx += origin
+        idx += base
         return idx
 
 

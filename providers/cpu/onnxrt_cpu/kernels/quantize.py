@@ -239,16 +239,19 @@ def dynamic_quantize_linear(k, x):
 def _center(m: np.ndarray, zp, per_row: bool) -> np.ndarray:
     """``m - zp`` as float64 (exact for 8-bit values); per-row zero points of a 1-D
     shape apply to the rows of ``m``."""
-    v = m.astype(_F64)
+    v = np.array(m, dtype=_F64)
     if zp is None:
         return v
-    z = np.asarray(zp)
+    z = np.asarray(zp).astype(_F64)
     if z.size == 1:
-        zs = z.reshape(()).astype(_F64)
-        return v - zs if zs else v
-    z = z.astype(_F64)
-    if per_row and z.ndim == 1 and m.ndim >= 2:
+        z = z.reshape(())
+        if not z:
+            return v
+    elif per_row and z.ndim == 1 and m.ndim >= 2:
         z = z.reshape(-1, 1)
+    if np.broadcast_shapes(v.shape, z.shape) == v.shape:
+        v -= z
+        return v
     return v - z
 
 

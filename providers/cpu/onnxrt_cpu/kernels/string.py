@@ -196,9 +196,10 @@ class TfIdfVectorizer(Kernel):
         w = a.get("weights")
         self.weights = None
         if w is not None and len(w):
-            full = np.zeros(self.out_size, dtype=np.float32)
-            w = np.asarray(w, dtype=np.float32)[: self.out_size]
-            full[: w.size] = w
+            # weights[i] belongs to the i-th pool n-gram, i.e. to output ngram_indexes[i]
+            full = np.ones(self.out_size, dtype=np.float32)
+            m = min(len(w), indexes.size)
+            full[indexes[:m]] = np.asarray(w, dtype=np.float32)[:m]
             self.weights = full
 
     def _big(self, n: int) -> bool:
