@@ -22,7 +22,7 @@ from .errors import InvalidGraph
 __all__ = ["Node", "Graph", "MAX_NESTING", "tensor_to_array"]
 
 #: Subgraphs nested deeper than this are refused with InvalidGraph (not RecursionError).
-MAX_NESTING = 64
+MAX_NESTING = 24
 
 
 def tensor_to_array(t: TensorProto, where: str = "") -> np.ndarray:

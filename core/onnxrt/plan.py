@@ -138,7 +138,8 @@ def _wrap(e: BaseException, step: Step) -> BaseException:
     if isinstance(e, OnnxRtError) and f"node {step.node_name!r}" in str(e):
         return e
     msg = f"{what} on {step.provider}: {type(e).__name__}: {e}"
-    if isinstance(e, InvalidArgument):
+    if isinstance(e, (InvalidArgument, IndexError)):
+        # out-of-range indices come from the feed: onnxruntime's INVALID_ARGUMENT
         return InvalidArgument(msg)
     return Fail(msg)
 

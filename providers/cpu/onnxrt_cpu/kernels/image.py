@@ -177,7 +177,7 @@ class Resize(Kernel):
         return np.full(out_len, 0.5 * (start + end) * (in_len - 1))
 
     def _table(self, in_len, out_len, scale, start, end):
-        """(indices [out, taps], weights [out, taps] or None, extrapolated mask or None)."""
+        """The :class:`_AxisPlan` of one axis, memoized by its geometry."""
         key = (in_len, out_len, scale, start, end)
         hit = self._tables.get(key)
         if hit is not None:
@@ -205,8 +205,7 @@ class Resize(Kernel):
                 idx = np.ceil(x)
             else:  # "simple": Resize-10 rounds down when upsampling, up when downsampling
                 idx = np.ceil(x) if scale < 1 else np.floor(x)
-            idx = np.clip(idx, 0, max(in_len - 1, 0)).astype(np.intp)[:, None]
-            res = (idx, None, outside)
+            res = _AxisPlan(in_len, idx.astype(np.int64)[:, None], None, outside)
         else:
             # taps sit at base + k, base = ceil(x) - 1, so the fraction lies in (0, 1]
             base = np.ceil(x) - 1
@@ -227,8 +226,7 @@ class Resize(Kernel):
                 w = np.where((idx < 0) | (idx >= in_len), 0.0, w)
                 tot = w.sum(axis=1, keepdims=True)
                 w = w / np.where(tot == 0, 1.0, tot)
-            idx = np.clip(idx, 0, max(in_len - 1, 0)).astype(np.intp)
-            res = (idx, w, outside)
+            res = _AxisPlan(in_len, idx, w, outside)
         if len(self._tables) > 64:
             self._tables.clear()
         self._tables[key] = res
@@ -256,44 +254,68 @@ class Resize(Kernel):
             return (np.zeros(out, dtype=in_dt),)
         if any(X.shape[ax] == 0 for ax in work):
             raise ValueError(f"{self.node.describe()}: cannot resize an empty axis to a non-empty one")
-        # shrink first: later axes then run on less data
-        work.sort(key=lambda ax: out[ax] / X.shape[ax])
+        work = _axis_order(work, list(X.shape), out)
         masks = []
         if self.mode == "nearest":
             y = X
-            for ax in work:
-                idx, _, outside = self._table(X.shape[ax], out[ax], scale[ax], starts[ax], ends[ax])
-                y = np.take(y, idx[:, 0], axis=ax)
-                if outside is not None:
-                    masks.append((ax, outside))
-            if masks:
-                y = y.copy() if y is X else y
-                for ax, m in masks:
-                    y[(slice(None),) * ax + (m,)] = np.asarray(self.extrapolation_value).astype(in_dt)
-            return (y if y is not X else X.view(),)
-        fdt = _float_dtype(in_dt)
-        y = X.astype(fdt, copy=False)
+        else:
+            y = X.astype(_float_dtype(in_dt), copy=False)
         for ax in work:
-            idx, w, outside = self._table(X.shape[ax], out[ax], scale[ax], starts[ax], ends[ax])
-            wshape = [1] * y.ndim
-            wshape[ax] = out[ax]
-            wt = w.astype(fdt)
-            acc = None
-            for k in range(idx.shape[1]):
-                term = np.take(y, idx[:, k], axis=ax)
-                term *= wt[:, k].reshape(wshape)
-                if acc is None:
-                    acc = term
-                else:
-                    acc += term
-            y = acc
-            if outside is not None:
-                masks.append((ax, outside))
-        for ax, m in masks:
-            y[(slice(None),) * ax + (m,)] = self.extrapolation_value
+            plan = self._table(X.shape[ax], out[ax], scale[ax], starts[ax], ends[ax])
+            y = plan.apply(y, ax)
+            if plan.outside is not None:
+                masks.append((ax, plan.outside))
         if y is X:
             return (X.view(),)
-        return (_cast_result(y, in_dt),)
+        for ax, m in masks:
+            y[(slice(None),) * ax + (m,)] = np.asarray(self.extrapolation_value).astype(y.dtype)
+        return (_cast_result(y, in_dt) if self.mode != "nearest" else y,)
+
+
+def _axis_order(work: list[int], shape: list[int], out: list[int]) -> list[int]:
+    """Order the resized axes to move the least data.
+
+    Each pass writes its whole output; a pass over the innermost axis gathers element
+    by element, which costs several times a pass over an outer axis (whole rows).
+    """
+    if len(work) <= 1:
+        return work
+    last = len(shape) - 1
+    best, best_cost = work, None
+    for perm in itertools.permutations(work):
+        cur = list(shape)
+        cost = 0.0
+        for ax in perm:
+            cur[ax] = out[ax]
+            cost += float(np.prod(cur)) * (4.0 if ax == last else 1.0)
+        if best_cost is None or cost < best_cost:
+            best, best_cost = list(perm), cost
+    return best
+
+
+class _AxisPlan:
+    """How one axis is resampled: edge-clamped source indices and weights per output
+    position (``[out, taps]``), plus the positions that take the extrapolation value."""
+
+    def __init__(self, in_len, idx, w, outside):
+        self.out_len = idx.shape[0]
+        self.idx = np.clip(idx, 0, in_len - 1).astype(np.intp)
+        self.w = w
+        self.outside = outside
+
+    def apply(self, y, ax):
+        """Resample axis ``ax`` of ``y``: one ``take`` and one multiply-add per tap."""
+        if self.w is None:
+            return np.take(y, self.idx[:, 0], axis=ax)
+        wshape = [1] * y.ndim
+        wshape[ax] = self.out_len
+        w = self.w.astype(y.dtype)
+        acc = None
+        for k in range(self.idx.shape[1]):
+            term = np.take(y, self.idx[:, k], axis=ax)
+            term *= w[:, k].reshape(wshape)
+            acc = term if acc is None else np.add(acc, term, out=acc)
+        return acc
 
 
 # -- GridSample ---------------------------------------------------------------------
@@ -390,39 +412,41 @@ class GridSample(Kernel):
             taps.append((idx, w, valid))
 
         strides = [int(np.prod(dims[i + 1 :])) for i in range(r)]
-        flat_x = X.reshape(N, C, -1)
+        S = int(np.prod(dims))
+        # channels last, so every tap gathers one contiguous row of C values
+        rows_x = X.reshape(N, C, S).transpose(0, 2, 1).reshape(N * S, C)
         if self.mode != "nearest":
-            flat_x = flat_x.astype(fdt, copy=False)
+            rows_x = rows_x.astype(fdt, copy=False)
+        batch_off = (np.arange(N, dtype=np.int64) * S)[:, None]
         acc = None
         for combo in itertools.product(*(range(t[0].shape[2]) for t in taps)):
-            flat = None
+            flat = batch_off
             wt = None
             ok = None
             for i, j in enumerate(combo):
                 idx, w, valid = taps[i]
-                term = idx[:, :, j] * strides[i]
-                flat = term if flat is None else flat + term
+                flat = flat + idx[:, :, j] * strides[i]
                 if w is not None:
                     wt = w[:, :, j] if wt is None else wt * w[:, :, j]
                 if valid is not None:
                     ok = valid[:, :, j] if ok is None else ok & valid[:, :, j]
-            vals = np.take_along_axis(flat_x, flat[:, None, :], axis=2)  # [N, C, P]
+            vals = np.take(rows_x, flat.reshape(-1), axis=0).reshape(N, P, C)
             if self.mode == "nearest":
                 if ok is not None:
-                    vals = np.where(ok[:, None, :], vals, np.zeros((), in_dt))
+                    vals = np.where(ok[:, :, None], vals, np.zeros((), in_dt))
                 acc = vals
                 break
             if ok is not None:
                 wt = np.where(ok, wt, 0.0)
-            vals *= wt.astype(fdt)[:, None, :]
+            vals *= wt.astype(fdt)[:, :, None]
             if acc is None:
                 acc = vals
             else:
                 acc += vals
-        y = acc.reshape(N, C, *out_sp)
+        y = acc.transpose(0, 2, 1).reshape(N, C, *out_sp)
         if self.mode == "nearest":
-            return (y.astype(in_dt, copy=False),)
-        return (_cast_result(y, in_dt),)
+            return (np.ascontiguousarray(y, dtype=in_dt),)
+        return (np.ascontiguousarray(_cast_result(y, in_dt)),)
 
 
 # -- AffineGrid ---------------------------------------------------------------------

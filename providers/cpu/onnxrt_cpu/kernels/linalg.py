@@ -59,6 +59,8 @@ class MatMul(Kernel):
             raise ValueError(
                 f"{self.node.describe()}: cannot multiply shapes {a.shape} and {b.shape}: {e}"
             ) from None
+        # 1-D @ 1-D gives a numpy scalar; outputs are always arrays
+        y = np.asarray(y)
         return (y if y.dtype == out_dt else y.astype(out_dt),)
 
 

@@ -172,28 +172,19 @@ def _parse_activations(node, per_dir: int, num_dir: int, defaults: tuple[str, ..
         )
     alphas = [float(v) for v in attrs.get("activation_alpha") or []]
     betas = [float(v) for v in attrs.get("activation_beta") or []]
-    # Lists with one value per activation are read index by index; shorter lists are
-    # consumed in order by the activations that take the parameter.
-    a_aligned = len(alphas) == len(names)
-    b_aligned = len(betas) == len(names)
+    # the values are consumed in order by the activations that take the parameter
     ai = bi = 0
     lower, fns = [], []
-    for j, name in enumerate(names):
+    for name in names:
         key = str(name).lower()
         if key not in _ACTIVATIONS:
             raise ValueError(f"{node.describe()}: unknown activation function {name!r}")
         use_a, use_b, da, db, build = _ACTIVATIONS[key]
         a, b = da, db
-        if use_a:
-            if a_aligned:
-                a = alphas[j]
-            elif ai < len(alphas):
-                a, ai = alphas[ai], ai + 1
-        if use_b:
-            if b_aligned:
-                b = betas[j]
-            elif bi < len(betas):
-                b, bi = betas[bi], bi + 1
+        if use_a and ai < len(alphas):
+            a, ai = alphas[ai], ai + 1
+        if use_b and bi < len(betas):
+            b, bi = betas[bi], bi + 1
         lower.append(key)
         fns.append(build(a, b))
     return (
