@@ -23,6 +23,7 @@ from .kernel import Kernel, NodeInfo, decode_attribute
 from .load import check_versions, load_model
 from .optimizer import OptimizeContext, run_transforms
 from .options import GraphOptimizationLevel, RunOptions, SessionOptions
+from .partition import cpu_preferred_nodes
 from .plan import Plan, PlanBuilder, RunContext, array_root
 from .plugins import provider_registry, resolve_providers
 from .providers import ExecutionProvider, HostDevice
@@ -210,6 +211,8 @@ class InferenceSession:
             node.provider = None
         taken_by: dict[int, int] = {}
         groups: list[tuple[ExecutionProvider, Any]] = []
+        preferred = cpu_preferred_nodes(graph)
+        kept_on_host: set[int] = set()
         for pi, p in enumerate(providers):
             try:
                 caps = p.get_capability(graph, info)
@@ -218,6 +221,10 @@ class InferenceSession:
                 continue
             for cap in caps:
                 nodes = [n for n in cap.nodes if n.provider is None]
+                if not p.device.is_host and any(id(n) in preferred for n in nodes):
+                    # shape computations stay on the host: refuse the whole group
+                    kept_on_host.update(id(n) for n in nodes if id(n) in preferred)
+                    continue
                 if not nodes:
                     continue
                 for n in nodes:
@@ -241,7 +248,10 @@ class InferenceSession:
                 pi = taken_by[id(node)]
                 reasons = []
                 for p in providers[:pi]:
-                    reasons.append(f"{p.name}: {p.refusal_reason(info(node))}")
+                    if id(node) in kept_on_host and not p.device.is_host:
+                        reasons.append(f"{p.name}: shape computation kept on the CPU")
+                    else:
+                        reasons.append(f"{p.name}: {p.refusal_reason(info(node))}")
                 built.assignment.append(
                     {"node": node.name, "op_type": node.op_type, "provider": node.provider,
                      "reason": "; ".join(reasons)}

@@ -97,3 +97,28 @@ def test_plan_frees_values_after_last_use():
     inputs = set(plan.input_slots.values())
     # every intermediate (and the feed's slot) is released exactly once; the output is kept
     assert sorted(freed) == sorted((set(produced) | inputs) - set(plan.output_slots))
+
+
+def test_shape_computations_stay_on_the_cpu(fake_provider):
+    # Shape -> Add(shape, 0) -> Reshape: the Add could run on the device, but it is a
+    # shape computation, so it stays on the host; the data path Relu goes to the device
+    model = make_model(
+        [
+            helper.make_node("Relu", ["x"], ["r"], name="relu"),
+            helper.make_node("Shape", ["r"], ["s"], name="shape"),
+            helper.make_node("Add", ["s", "zero"], ["s2"], name="shape_add"),
+            helper.make_node("Reshape", ["r", "s2"], ["y"], name="reshape"),
+        ],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 3])],
+        [helper.make_tensor("zero", TensorProto.INT64, [2], [0, 0])],
+    )
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    sess = ort.InferenceSession(model, so, providers=["fake", "cpu"])
+    got = {d["node"]: d for d in sess.get_provider_assignment()}
+    assert got["relu"]["provider"] == "FakeDeviceExecutionProvider"
+    assert got["shape_add"]["provider"] == "CPUExecutionProvider"
+    assert "shape computation kept on the CPU" in got["shape_add"]["reason"]
+    x = np.array([[-1, 2, -3]], np.float32)
+    np.testing.assert_array_equal(sess.run(None, {"x": x})[0], np.maximum(x, 0))
