@@ -165,6 +165,8 @@ class InferenceSession:
                 f"known: {', '.join(_transformer_names())}"
             )
         octx = OptimizeContext(built.providers, info, cpu.kernel_registry(), so.max_allocation_bytes, so)
+        if run_transforms(graph, octx, level, "expand", set()):
+            walk_expand(graph)
         run_transforms(graph, octx, level, "pre", disabled)
         self._partition(graph, built, info, top=True)
         run_transforms(graph, octx, level, "post", disabled)

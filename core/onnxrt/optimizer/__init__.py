@@ -29,7 +29,9 @@ class Transformer:
     name: str
     fn: Callable
     level: int
-    #: "pre" runs before partitioning (provider-independent), "post" after it
+    #: "expand" always runs first, whatever the level (rewrites that give ops their
+    #: meaning, such as expanding Gradient); "pre" runs before partitioning
+    #: (provider independent); "post" after it
     phase: str = "pre"
 
 
@@ -44,15 +46,17 @@ class TransformerRegistry:
         """Register ``fn(graph, ctx) -> bool`` under ``name``.
 
         :param level: the lowest session optimization level that runs it.
-        :param phase: ``"pre"`` (before partitioning) or ``"post"``; by default basic
-            transforms run before partitioning and higher levels after it.
+        :param phase: ``"expand"`` (always runs, at every level including
+            ``ORT_DISABLE_ALL``: for rewrites a model needs to run at all), ``"pre"``
+            (before partitioning) or ``"post"``; by default basic transforms run before
+            partitioning and higher levels after it.
         """
         if name in self._by_name:
             raise ValueError(f"a graph transform named {name!r} is already registered")
         if phase is None:
             phase = "pre" if int(level) <= GraphOptimizationLevel.ORT_ENABLE_BASIC else "post"
-        if phase not in ("pre", "post"):
-            raise ValueError(f"phase must be 'pre' or 'post', not {phase!r}")
+        if phase not in ("expand", "pre", "post"):
+            raise ValueError(f"phase must be 'expand', 'pre' or 'post', not {phase!r}")
         self._by_name[name] = Transformer(name, fn, int(level), phase)
 
     def names(self) -> list[str]:
@@ -61,6 +65,8 @@ class TransformerRegistry:
 
     def select(self, level: int, phase: str, disabled: set[str]) -> list[Transformer]:
         """The transforms of ``phase`` that run at ``level``, in registration order."""
+        if phase == "expand":
+            return [t for t in self._by_name.values() if t.phase == "expand"]
         return [t for t in self._by_name.values() if t.level <= level and t.phase == phase and t.name not in disabled]
 
 
@@ -116,7 +122,7 @@ def reset_transformer_registry() -> None:
 def run_transforms(graph, ctx: OptimizeContext, level: int, phase: str, disabled: set[str], max_rounds: int = 5) -> list[str]:
     """Apply the selected transforms until nothing changes; return the names that fired."""
     fired: list[str] = []
-    if level <= 0:
+    if level <= 0 and phase != "expand":
         return fired
     transforms = transformer_registry().select(level, phase, disabled)
     for _ in range(max_rounds):
