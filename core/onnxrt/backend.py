@@ -12,7 +12,6 @@ import numpy as np
 import onnx
 from onnx.backend.base import Backend, BackendRep
 
-from .errors import OnnxRtError
 from .options import SessionOptions
 from .plugins import get_available_providers, provider_registry
 from .session import InferenceSession

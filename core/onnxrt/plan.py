@@ -10,7 +10,7 @@ state in a local list, so many threads may run one plan at once.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np

@@ -19,13 +19,13 @@ from onnx import ModelProto
 from .errors import Fail, InvalidArgument, InvalidGraph, NotImplemented
 from .functions import expand_functions
 from .ir import Graph, Node
-from .kernel import Kernel, NodeInfo, decode_attribute
+from .kernel import NodeInfo, decode_attribute
 from .load import check_versions, load_model
 from .optimizer import OptimizeContext, run_transforms
-from .options import GraphOptimizationLevel, RunOptions, SessionOptions
+from .options import RunOptions, SessionOptions
 from .partition import cpu_preferred_nodes
 from .plan import Plan, PlanBuilder, RunContext, array_root
-from .plugins import provider_registry, resolve_providers
+from .plugins import resolve_providers
 from .providers import ExecutionProvider, HostDevice
 from .threads import ThreadSettings
 from .types import FeedChecker, NodeArg
@@ -117,8 +117,10 @@ class InferenceSession:
         self._proto = proto
         self._threads = ThreadSettings(self._sess_options.intra_op_num_threads)
         self._lock = threading.Lock()
-        self._requested = (providers, provider_options)
+        # IR < 4 lists every initializer as an input; only IR >= 4 makes them overridable
+        self._ir_overridable = proto.ir_version >= 4
         self._built = self._build(providers, provider_options)
+        self._describe_io(self._built.graph)
         if self._profiler:
             self._profiler.session_event("model_loading_and_initialization", t0)
 
@@ -140,7 +142,6 @@ class InferenceSession:
             if name not in graph.initializers:
                 raise InvalidArgument(f"add_initializer: the model has no initializer {name!r}")
             graph.initializers[name] = np.asarray(getattr(value, "numpy", lambda: value)())
-        self._ir_overridable = self._proto.ir_version >= 4
         built.providers = resolve_providers(
             providers, provider_options, so, allow_fallback=so.allow_provider_fallback
         )
@@ -175,23 +176,21 @@ class InferenceSession:
         built.const_roots = {id(array_root(v)) for v in graph.initializers.values()}
         if so.optimized_model_filepath:
             self._save_optimized(graph, so.optimized_model_filepath)
-        # the public description of inputs/outputs comes from the original model
+        return built
+
+    def _describe_io(self, graph: Graph) -> None:
+        """Inputs, outputs and the feed checker: fixed for the session's lifetime."""
         og = self._proto.graph
         init_names = {t.name for t in og.initializer} | {t.values.name for t in og.sparse_initializer}
-        types = {vi.name: vi.type for vi in og.input}
         self._inputs = [NodeArg(vi.name, vi.type) for vi in og.input if vi.name not in init_names]
-        self._overridable = [
-            NodeArg(vi.name, vi.type) for vi in og.input if vi.name in init_names
-        ] if self._ir_overridable else []
+        self._overridable = (
+            [NodeArg(vi.name, vi.type) for vi in og.input if vi.name in init_names] if self._ir_overridable else []
+        )
         self._outputs = [NodeArg(vi.name, vi.type) for vi in og.output]
-        required = {a.name for a in self._inputs}
-        feed_types = [(a.name, types.get(a.name)) for a in self._inputs + self._overridable]
-        free = {**so._free_dims_by_name}
-        if free:
-            feed_types = [(n, graph.value_types.get(n, t)) for n, t in feed_types]
-        self._checker = FeedChecker(feed_types, required)
         self._output_names = [a.name for a in self._outputs]
-        return built
+        # the graph's input types carry the session's free-dimension overrides
+        feed_types = [(a.name, graph.value_types.get(a.name, a._tp)) for a in self._inputs + self._overridable]
+        self._checker = FeedChecker(feed_types, {a.name for a in self._inputs})
 
     def _apply_free_dims(self, graph: Graph) -> None:
         so = self._sess_options

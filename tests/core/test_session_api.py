@@ -239,3 +239,21 @@ def test_profiling_writes_chrome_trace(mlp_model, tmp_path):
     assert {e["args"]["op_name"] for e in nodes} >= {"MatMul", "Relu", "Softmax"}
     assert all(e["ph"] == "X" and e["args"]["provider"] == "CPUExecutionProvider" for e in nodes)
     assert any(e["cat"] == "Session" for e in events)
+
+
+def test_free_dimension_override_fixes_a_symbolic_dimension(mlp_model):
+    so = ort.SessionOptions()
+    so.add_free_dimension_override_by_name("N", 2)
+    sess = ort.InferenceSession(mlp_model, so)
+    assert sess.run(None, {"x": np.ones((2, 4), np.float32)})[0].shape == (2, 3)
+    with pytest.raises(ort.InvalidArgument, match="size 3 in dimension 0"):
+        sess.run(None, {"x": np.ones((3, 4), np.float32)})
+
+
+def test_set_providers_rebuilds(mlp_model):
+    sess = ort.InferenceSession(mlp_model)
+    x = np.ones((1, 4), np.float32)
+    before = sess.run(None, {"x": x})[0]
+    sess.set_providers(["CPUExecutionProvider"])
+    assert sess.get_providers() == ["CPUExecutionProvider"]
+    np.testing.assert_array_equal(sess.run(None, {"x": x})[0], before)

@@ -6,7 +6,6 @@
   a small ResNet, a MobileNetV2-style net, a transformer encoder and an LSTM tagger.
 """
 
-import os
 from pathlib import Path
 
 import numpy as np

@@ -17,7 +17,7 @@ from onnxrt.kernel import Kernel
 
 from ..registry import op
 
-__all__ = ["Resize", "GridSample", "AffineGrid", "NonMaxSuppression", "ImageDecoder"]
+__all__ = ["Resize", "GridSample", "affine_grid", "non_max_suppression", "image_decoder"]
 
 
 def _float_dtype(dt: np.dtype) -> np.dtype:

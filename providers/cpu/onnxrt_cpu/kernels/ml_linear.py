@@ -271,7 +271,6 @@ def _pairwise_probability(dec, prob_a, prob_b, k):
             q[:, i, i] += r[:, j, i] * r[:, j, i]
             q[:, i, j] = -r[:, j, i] * r[:, i, j]
     p = np.full((n, k), _F32(1.0 / k), dtype=_F32)
-    qp = np.zeros((n, k), dtype=_F32)
     eps = _F32(0.005 / k)
     active = np.ones(n, dtype=bool)
     for _ in range(100):

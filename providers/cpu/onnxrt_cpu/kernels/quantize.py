@@ -19,7 +19,7 @@ from onnxrt.kernel import Kernel
 from ..registry import op
 from .cast import SATURATING_F8, cast_array
 
-__all__ = ["QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "MatMulInteger", "QLinearMatMul"]
+__all__ = ["QuantizeLinear", "DequantizeLinear", "dynamic_quantize_linear", "MatMulInteger", "QLinearMatMul"]
 
 _F32 = np.dtype(np.float32)
 _F64 = np.dtype(np.float64)

@@ -17,7 +17,7 @@ from onnxrt.kernel import Kernel
 
 from ..registry import op
 
-__all__ = ["StringNormalizer", "StringConcat", "StringSplit", "RegexFullMatch", "TfIdfVectorizer"]
+__all__ = ["StringNormalizer", "string_concat", "StringSplit", "RegexFullMatch", "TfIdfVectorizer"]
 
 _OBJ = np.dtype(object)
 
