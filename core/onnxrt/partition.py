@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .ir import Graph, Node
+from .ir import Graph
 
 __all__ = ["cpu_preferred_nodes", "SHAPE_SOURCES"]
 
@@ -47,8 +47,3 @@ def cpu_preferred_nodes(graph: Graph) -> set[int]:
             preferred.add(id(node))
             shape_values.update(o for o in node.outputs if o)
     return preferred
-
-
-def is_cpu_preferred(node: Node, preferred: set[int]) -> bool:
-    """Whether ``node`` is among the shape computations kept on the host."""
-    return id(node) in preferred
