@@ -212,7 +212,8 @@ class InferenceSession:
             node.provider = None
         taken_by: dict[int, int] = {}
         groups: list[tuple[ExecutionProvider, Any]] = []
-        preferred = cpu_preferred_nodes(graph)
+        # only a device provider would take shape computations off the host
+        preferred = cpu_preferred_nodes(graph) if any(not p.device.is_host for p in providers) else set()
         kept_on_host: set[int] = set()
         for pi, p in enumerate(providers):
             try:
@@ -408,7 +409,8 @@ class InferenceSession:
             v = by_name[n]
             if isinstance(v, np.ndarray):
                 r = id(array_root(v))
-                if r in protect or r in seen:
+                # feeds, constants, another output, or memory a kernel keeps (read-only)
+                if r in protect or r in seen or not v.flags.writeable:
                     v = v.copy()
                 seen.add(id(array_root(v)))
             result.append(v)

@@ -127,6 +127,23 @@ def test_outputs_never_alias_inputs_or_constants():
     np.testing.assert_array_equal(sess.run(None, {"x": x})[1], [1.0, 2.0])
 
 
+def test_outputs_of_constant_nodes_are_fresh_and_writable():
+    # without constant folding the value comes from the Constant kernel's own array
+    model = make_model(
+        [helper.make_node("Constant", [], ["y"], value_floats=[1.0, 2.0])],
+        [],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])],
+    )
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    sess = ort.InferenceSession(model, so)
+    (a,) = sess.run(None, {})
+    (b,) = sess.run(None, {})
+    assert a.flags.writeable and not np.shares_memory(a, b)
+    a[:] = 0
+    np.testing.assert_array_equal(sess.run(None, {})[0], [1.0, 2.0])
+
+
 def test_concurrent_runs_on_one_session(mlp_model):
     sess = ort.InferenceSession(mlp_model)
     rng = np.random.default_rng(3)
