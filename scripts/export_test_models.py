@@ -4,9 +4,11 @@
 
 Small versions of real architectures: a ResNet (basic blocks, BatchNorm), a
 MobileNetV2-style net (inverted residuals, depthwise convolutions, ReLU6), a
-transformer encoder (multi-head attention, LayerNorm, GELU) and an LSTM tagger.
-Each has a symbolic batch dimension. IR version 10 keeps them loadable by
-onnxruntime too.
+transformer encoder (multi-head attention, LayerNorm, GELU), an LSTM tagger and a
+YOLO-style detector (Conv/BN/SiLU stages, an upsample + concat neck, a two-scale
+head that decodes boxes on a grid built from the input's height and width).
+Each has a symbolic batch dimension; the detector's height and width are symbolic
+too. IR version 10 keeps them loadable by onnxruntime too.
 """
 
 from pathlib import Path
@@ -127,6 +129,92 @@ class LSTMTagger(nn.Module):
         return self.out(y)
 
 
+def conv_bn_silu(cin, cout, k=3, stride=1):
+    return nn.Sequential(nn.Conv2d(cin, cout, k, stride, k // 2, bias=False), nn.BatchNorm2d(cout), nn.SiLU())
+
+
+class CSPBlock(nn.Module):
+    """Split the channels, refine one half with a residual pair of convolutions, concatenate."""
+
+    def __init__(self, c):
+        super().__init__()
+        self.cv1 = conv_bn_silu(c, c, 1)
+        self.m = nn.Sequential(conv_bn_silu(c // 2, c // 2), conv_bn_silu(c // 2, c // 2))
+        self.cv2 = conv_bn_silu(c + c // 2, c, 1)
+
+    def forward(self, x):
+        a, b = self.cv1(x).chunk(2, 1)
+        return self.cv2(torch.cat([a, b, b + self.m(b)], 1))
+
+
+class TinyYolo(nn.Module):
+    """A YOLO-style detector: boxes ``[batch, anchors, 4]`` (x1, y1, x2, y2 in pixels) and
+    class scores ``[batch, anchors, classes]`` over stride-8 and stride-16 grids."""
+
+    def __init__(self, classes=4):
+        super().__init__()
+        self.classes = classes
+        self.stem = conv_bn_silu(3, 8, 3, 2)                                     # stride 2
+        self.s2 = nn.Sequential(conv_bn_silu(8, 16, 3, 2), CSPBlock(16))         # stride 4
+        self.s3 = nn.Sequential(conv_bn_silu(16, 32, 3, 2), CSPBlock(32))        # stride 8
+        self.s4 = nn.Sequential(conv_bn_silu(32, 64, 3, 2), CSPBlock(64))        # stride 16
+        self.up = nn.Upsample(scale_factor=2, mode="nearest")
+        self.neck = conv_bn_silu(64 + 32, 32, 1)
+        self.head8 = nn.Sequential(conv_bn_silu(32, 32), nn.Conv2d(32, 4 + classes, 1))
+        self.head16 = nn.Sequential(conv_bn_silu(64, 32), nn.Conv2d(32, 4 + classes, 1))
+
+    def _decode(self, p, stride):
+        b, _, h, w = p.shape
+        ys = torch.arange(h, dtype=torch.float32)
+        xs = torch.arange(w, dtype=torch.float32)
+        gy, gx = torch.meshgrid(ys, xs, indexing="ij")
+        centers = (torch.stack([gx, gy], 0).reshape(1, 2, -1) + 0.5) * stride
+        p = p.flatten(2)                                                         # [b, 4 + classes, h*w]
+        xy = centers + p[:, 0:2].tanh() * stride
+        wh = p[:, 2:4].exp().clamp(max=64.0) * stride
+        boxes = torch.cat([xy - wh / 2, xy + wh / 2], 1)
+        return boxes, p[:, 4:].sigmoid()
+
+    def forward(self, x):
+        c3 = self.s3(self.s2(self.stem(x)))
+        c4 = self.s4(c3)
+        p3 = self.neck(torch.cat([self.up(c4), c3], 1))
+        b8, s8 = self._decode(self.head8(p3), 8)
+        b16, s16 = self._decode(self.head16(c4), 16)
+        boxes = torch.cat([b8, b16], 2).transpose(1, 2)
+        scores = torch.cat([s8, s16], 2).transpose(1, 2)
+        return boxes, scores
+
+
+def export_detector(model, name):
+    # non-trivial BatchNorm statistics, so that folding them into the convolutions matters
+    for m in model.modules():
+        if isinstance(m, nn.BatchNorm2d):
+            m.running_mean.uniform_(-0.2, 0.2)
+            m.running_var.uniform_(0.5, 1.5)
+            m.weight.data.uniform_(0.8, 1.2)
+            m.bias.data.uniform_(-0.1, 0.1)
+    for head in (model.head8, model.head16):  # confident scores, not all near 0.5
+        head[-1].weight.data *= 8.0
+    model.eval()
+    path = OUT / f"{name}.onnx"
+    dims = {0: "batch", 2: "height", 3: "width"}
+    torch.onnx.export(model, (torch.randn(1, 3, 64, 96),), str(path), input_names=["images"],
+                      output_names=["boxes", "scores"],
+                      dynamic_axes={"images": dims, "boxes": {0: "batch", 1: "anchors"},
+                                    "scores": {0: "batch", 1: "anchors"}},
+                      opset_version=17, dynamo=False)
+    m = onnx.load(path)
+    m.ir_version = 10
+    # the exporter leaves the last dimensions symbolic; they are fixed: 4 box coordinates, the classes
+    for out, size in zip(m.graph.output, (4, model.classes)):
+        out.type.tensor_type.shape.dim[2].Clear()
+        out.type.tensor_type.shape.dim[2].dim_value = size
+    onnx.checker.check_model(m)
+    onnx.save(m, path)
+    print(f"{path.name}: {len(m.graph.node)} nodes, {path.stat().st_size // 1024} KiB")
+
+
 def export(model, example, name, input_name, dynamic):
     model.eval()
     path = OUT / f"{name}.onnx"
@@ -146,6 +234,8 @@ def main():
     export(SmallMobileNet(), torch.randn(1, 3, 64, 64), "mobilenet_small", "image", {0: "batch"})
     export(Encoder(), torch.randint(0, 1000, (1, 32)), "transformer_encoder", "input_ids", {0: "batch", 1: "sequence"})
     export(LSTMTagger(), torch.randint(0, 500, (1, 20)), "lstm_tagger", "input_ids", {0: "batch", 1: "sequence"})
+    torch.manual_seed(0)  # the detector's weights do not depend on the models above
+    export_detector(TinyYolo(), "yolo_small")
 
 
 if __name__ == "__main__":
