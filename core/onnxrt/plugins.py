@@ -112,6 +112,8 @@ class ProviderRegistry:
 _lock = threading.RLock()
 _pm: pluggy.PluginManager | None = None
 _registry: ProviderRegistry | None = None
+#: id(plugin) -> provider names that plugin added through register_plugin
+_runtime_providers: dict[int, list[str]] = {}
 
 
 def _allowed_entry_points() -> set[str] | None:
@@ -179,9 +181,21 @@ def register_plugin(plugin, name: str | None = None) -> None:
     """
     pm = plugin_manager()
     reg = provider_registry()
+    before = dict(reg._classes), dict(reg._origin)
     pm.register(plugin, name=name)
-    caller = pm.subset_hook_caller("onnxrt_register_providers", [p for p in pm.get_plugins() if p is not plugin])
-    caller(registry=reg)
+    label = pm.get_name(plugin) or repr(plugin)
+    reg._current_plugin = f"{label} (registered at run time)"
+    try:
+        caller = pm.subset_hook_caller("onnxrt_register_providers", [p for p in pm.get_plugins() if p is not plugin])
+        caller(registry=reg)
+    except BaseException:
+        # a plugin that fails to register leaves nothing behind: no hooks, no providers
+        pm.unregister(plugin)
+        reg._classes, reg._origin = before
+        raise
+    finally:
+        reg._current_plugin = "<registered at run time>"
+    _runtime_providers[id(plugin)] = [n for n in reg._classes if n not in before[0]]
     ExecutionProvider._registries.clear()
     from . import optimizer
 
@@ -193,9 +207,10 @@ def unregister_plugin(plugin) -> None:
     pm = plugin_manager()
     pm.unregister(plugin)
     reg = provider_registry()
+    added = set(_runtime_providers.pop(id(plugin), ()))
     for name in list(reg._classes):
         cls = reg._classes[name]
-        if getattr(plugin, cls.__name__, None) is cls:
+        if name in added or getattr(plugin, cls.__name__, None) is cls:
             del reg._classes[name]
     ExecutionProvider._registries.clear()
     from . import optimizer
@@ -216,6 +231,7 @@ def reset() -> None:
     with _lock:
         _pm = None
         _registry = None
+        _runtime_providers.clear()
         ExecutionProvider._registries.clear()
         from . import optimizer
 
@@ -266,6 +282,10 @@ def resolve_providers(requested, provider_options=None, session_options=None, al
         for c in reg.classes():
             if _availability(c) is None:
                 entries.append((c, {}))
+                # the CPU provider runs every node: providers ranked below it would get
+                # none, so a default session does not create them
+                if c.name == "CPUExecutionProvider":
+                    break
         if provider_options:
             raise InvalidArgument("provider_options given without providers")
     else:

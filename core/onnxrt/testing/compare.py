@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-__all__ = ["assert_outputs_close"]
+__all__ = ["assert_outputs_close", "compare_with_cpu", "Comparison"]
 
 
 def _as_comparable(a: np.ndarray) -> np.ndarray:
@@ -49,3 +50,50 @@ def assert_outputs_close(expected: Any, got: Any, rtol: float = 1e-3, atol: floa
     if got.dtype.name == "bfloat16":
         r = max(rtol, 2**-6)  # two bfloat16 ulps, as the ONNX backend tests allow
     np.testing.assert_allclose(_as_comparable(got), _as_comparable(expected), rtol=r, atol=atol, err_msg=where)
+
+
+@dataclass
+class Comparison:
+    """What :func:`compare_with_cpu` ran and found (every output already agreed)."""
+
+    #: the session under test (the providers asked for, with the CPU as fallback)
+    session: Any
+    feeds: dict[str, Any]
+    outputs: list
+    expected: list
+    #: ``session.get_provider_assignment()``: which provider ran each node, and why
+    assignment: list[dict] = field(default_factory=list)
+
+
+def compare_with_cpu(model, providers, feeds: dict[str, Any] | None = None, rtol: float = 1e-4,
+                     atol: float = 1e-5, seed: int = 0, sess_options=None) -> Comparison:
+    """Run ``model`` on ``providers`` and on the CPU provider alone; assert every output agrees.
+
+    :param model: a path, bytes or ``onnx.ModelProto``.
+    :param providers: the providers under test, as ``InferenceSession`` takes them; the
+        CPU provider is appended as the fallback.
+    :param feeds: the inputs; random ones (:func:`onnxrt.testing.models.random_feeds`)
+        when ``None``.
+    """
+    import onnx
+
+    from ..session import InferenceSession
+    from .models import random_feeds
+
+    if feeds is None:
+        if isinstance(model, onnx.ModelProto):
+            proto = model
+        elif isinstance(model, bytes):
+            proto = onnx.load_model_from_string(model)
+        else:
+            proto = onnx.load(str(model), load_external_data=False)
+        feeds = random_feeds(proto, seed=seed)
+    providers = [providers] if isinstance(providers, (str, tuple)) else list(providers)
+    sess = InferenceSession(model, sess_options=sess_options, providers=providers)
+    ref = InferenceSession(model, sess_options=sess_options, providers=["CPUExecutionProvider"])
+    got = sess.run(None, feeds)
+    expected = ref.run(None, feeds)
+    names = [o.name for o in sess.get_outputs()]
+    for name, e, g in zip(names, expected, got):
+        assert_outputs_close(e, g, rtol, atol, f"output {name!r} on {sess.get_providers()[0]} vs the CPU")
+    return Comparison(sess, feeds, got, expected, sess.get_provider_assignment())
