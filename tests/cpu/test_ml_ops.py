@@ -401,3 +401,60 @@ def test_zipmap_and_label_encoder_v4():
                          helper.make_map_type_proto(TensorProto.STRING, helper.make_tensor_type_proto(TensorProto.FLOAT, []))))])
     z = np.array([[0.25, 0.75], [1, 0]], np.float32)
     _compare(_ort(zm, {"X": z})[0], run_graph(zm, {"X": z})[0], "zipmap")
+
+
+# -- preprocessing ops not covered above --------------------------------------------------
+def test_imputer_from_simple_imputer():
+    from sklearn.impute import SimpleImputer
+
+    X = np.random.default_rng(3).normal(size=(40, 5)).astype(np.float32)
+    X[::3, 1] = np.nan
+    X[::7, 4] = np.nan
+    ml = _check(SimpleImputer(strategy="median").fit(X), X, "imputer")
+    assert "Imputer" in ml
+
+
+def test_dict_vectorizer_and_feature_vectorizer():
+    from skl2onnx.common.data_types import (
+        DictionaryType,
+        FloatTensorType,
+        StringTensorType,
+    )
+    from sklearn.feature_extraction import DictVectorizer
+
+    rows = [{"a": 1.0, "b": 2.0}, {"b": 3.0, "c": -1.5}, {"a": 0.5, "c": 4.0, "d": 7.0}]
+    dv = DictVectorizer(sparse=False).fit(rows)
+    from skl2onnx import convert_sklearn
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        onx = convert_sklearn(dv, initial_types=[("X", DictionaryType(StringTensorType([]), FloatTensorType([])))],
+                              target_opset=TARGET_OPSET)
+    onx.ir_version = 10
+    assert any(n.op_type == "DictVectorizer" for n in onx.graph.node)
+    for row in rows:
+        _compare(_ort(onx, {"X": row})[0], run_graph(onx, {"X": row})[0], "dict-vectorizer")
+    m = _node_model("FeatureVectorizer", {"inputdimensions": [2, 1, 3]},
+                    [helper.make_tensor_value_info("A", TensorProto.FLOAT, [None, 2]),
+                     helper.make_tensor_value_info("B", TensorProto.FLOAT, [None, 1]),
+                     helper.make_tensor_value_info("C", TensorProto.FLOAT, [None, 3])],
+                    [helper.make_tensor_value_info("Y", TensorProto.FLOAT, None)])
+    feeds = {"A": np.ones((4, 2), np.float32), "B": np.arange(4, dtype=np.float32).reshape(4, 1),
+             "C": np.random.default_rng(0).normal(size=(4, 3)).astype(np.float32)}
+    _compare(_ort(m, feeds)[0], run_graph(m, feeds)[0], "feature-vectorizer")
+
+
+@pytest.mark.parametrize("direction", ["str_to_int", "int_to_str"])
+def test_category_mapper(direction):
+    attrs = {"cats_strings": ["cat", "dog", "eel"], "cats_int64s": [10, 20, 30],
+             "default_int64": -1, "default_string": "none"}
+    if direction == "str_to_int":
+        inp = helper.make_tensor_value_info("X", TensorProto.STRING, [None])
+        out = helper.make_tensor_value_info("Y", TensorProto.INT64, None)
+        X = np.array(["dog", "eel", "yak", "cat"], dtype=object)
+    else:
+        inp = helper.make_tensor_value_info("X", TensorProto.INT64, [None])
+        out = helper.make_tensor_value_info("Y", TensorProto.STRING, None)
+        X = np.array([30, 10, 99], dtype=np.int64)
+    m = _node_model("CategoryMapper", attrs, [inp], [out])
+    _compare(_ort(m, {"X": X})[0], run_graph(m, {"X": X})[0], "category-mapper")

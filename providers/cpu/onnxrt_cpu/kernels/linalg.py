@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 from onnxrt.kernel import Kernel
 
+from ..parallel import matmul_nd
 from ..registry import op
 
 __all__ = ["MatMul", "Gemm", "FusedMatMul"]
@@ -54,7 +55,7 @@ class MatMul(Kernel):
         cdt = _compute_dtype(out_dt)
         bb = self.b_packed if self.b_packed is not None and self.b_packed.shape == b.shape else _as_compute(b, cdt)
         try:
-            y = np.matmul(_as_compute(a, cdt), bb)
+            y = matmul_nd(_as_compute(a, cdt), bb)
         except ValueError as e:
             raise ValueError(
                 f"{self.node.describe()}: cannot multiply shapes {a.shape} and {b.shape}: {e}"
@@ -113,7 +114,7 @@ class Gemm(Kernel):
                 f"{desc}: inner dimensions differ: A' is {aa.shape}, B' is {bb.shape} "
                 f"(transA={int(self.trans_a)}, transB={int(self.trans_b)})"
             )
-        y = np.matmul(aa, bb)
+        y = matmul_nd(aa, bb)
         if cdt.kind == "f":
             if not alpha_done and self.alpha != 1.0:
                 y *= cdt.type(self.alpha)
@@ -178,7 +179,7 @@ class FusedMatMul(Kernel):
                 bb = bb.swapaxes(-1, -2)
             alpha_done = False
         try:
-            y = np.matmul(aa, bb)
+            y = matmul_nd(aa, bb)
         except ValueError as e:
             raise ValueError(f"{desc}: cannot multiply shapes {a.shape} and {b.shape}: {e}") from None
         if not alpha_done and self.alpha != 1.0:

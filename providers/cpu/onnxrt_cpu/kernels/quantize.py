@@ -2,24 +2,30 @@
 MatMulInteger and QLinearMatMul.
 
 Integer quantization rounds half to even and saturates to the target range. Integer
-matrix products are computed exactly: every product of two 8-bit values (after the
-zero point is taken off) is below 2**17 in magnitude, so a float64 BLAS product is
-exact for any inner dimension below 2**36, and the exact sum is then wrapped to int32
-as a 32-bit accumulator would. Larger inner dimensions fall back to int64 matmul.
+matrix products are computed exactly, on float BLAS:
+
+* float32 represents every integer below 2**24, and a sum of integers whose magnitudes
+  add up to less than 2**24 is exact in any order, with or without FMA. So the inner
+  dimension K is cut into chunks of at most ``(2**24 - 1) // (max|a| * max|b|)``
+  (zero points taken off; 258 or more for 8-bit operands) and each chunk is one float32
+  GEMM, converted to int32 and summed in int32, wrapping as a 32-bit accumulator does;
+* when a chunk would be too short to pay, a float64 product is used instead: every
+  8-bit product is below 2**17, so it is exact for K below 2**36. Larger K falls back
+  to int64 matmul.
 """
 
 from __future__ import annotations
 
 import ml_dtypes
 import numpy as np
-
 from onnxrt.dtypes import np_dtype
 from onnxrt.kernel import Kernel
 
+from ..parallel import matmul_nd
 from ..registry import op
 from .cast import SATURATING_F8, cast_array
 
-__all__ = ["QuantizeLinear", "DequantizeLinear", "dynamic_quantize_linear", "MatMulInteger", "QLinearMatMul"]
+__all__ = ["DequantizeLinear", "MatMulInteger", "QLinearMatMul", "QuantizeLinear", "dynamic_quantize_linear"]
 
 _F32 = np.dtype(np.float32)
 _F64 = np.dtype(np.float64)
@@ -236,13 +242,13 @@ def dynamic_quantize_linear(k, x):
     return y.astype(np.uint8), np.array(scale, dtype=_F32), np.array(zp, dtype=np.uint8)
 
 
-def _center(m: np.ndarray, zp, per_row: bool) -> np.ndarray:
-    """``m - zp`` as float64 (exact for 8-bit values); per-row zero points of a 1-D
-    shape apply to the rows of ``m``."""
-    v = np.array(m, dtype=_F64)
+def _center(m: np.ndarray, zp, per_row: bool, dtype=_F64) -> np.ndarray:
+    """``m - zp`` as float64 or float32 (both exact for 8- and 16-bit values); per-row
+    zero points of a 1-D shape apply to the rows of ``m``."""
+    v = np.array(m, dtype=dtype)
     if zp is None:
         return v
-    z = np.asarray(zp).astype(_F64)
+    z = np.asarray(zp).astype(dtype)
     if z.size == 1:
         z = z.reshape(())
         if not z:
@@ -255,11 +261,71 @@ def _center(m: np.ndarray, zp, per_row: bool) -> np.ndarray:
     return v - z
 
 
-def _int_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Exact integer product of two centred float64 operands, wrapped to int32."""
+def absmax(v: np.ndarray) -> float:
+    """``max |v|`` (0 for an empty array)."""
+    if not v.size:
+        return 0.0
+    return float(max(abs(float(v.max())), abs(float(v.min()))))
+
+
+def centred_bound(dtype, zero_point) -> float | None:
+    """A bound on ``|q - zero_point|`` from ``q``'s type alone (``None`` if not 8-bit
+    integer), which spares a pass over the data."""
+    rng = _BYTE_RANGES.get(dtype)
+    if rng is None:
+        return None
+    lo, hi = rng
+    if zero_point is None:
+        return float(max(hi, -lo))
+    if zero_point.size == 1:
+        z = int(zero_point.reshape(()))
+        return float(max(hi - z, z - lo))
+    z = zero_point.astype(np.float64)
+    return float(np.max(np.maximum(hi - z, z - lo)))
+
+
+_BYTE_RANGES = {np.dtype(np.uint8): (0, 255), np.dtype(np.int8): (-128, 127)}
+
+
+#: float32 holds every integer below this exactly
+_F32_EXACT = float(1 << 24)
+# below this chunk length, float64 beats several float32 products
+_MIN_CHUNK = 32
+
+
+def _k_slice(b: np.ndarray, k0: int, k1: int) -> np.ndarray:
+    return b[k0:k1] if b.ndim == 1 else b[..., k0:k1, :]
+
+
+def _int_matmul(a: np.ndarray, b: np.ndarray, amax: float | None = None, bmax: float | None = None) -> np.ndarray:
+    """Exact integer product of two centred float operands, wrapped to int32.
+
+    float32 operands are multiplied in float32 chunks of K that keep every partial sum
+    below 2**24 (``amax``/``bmax`` bound ``|a|``/``|b|``; computed when not given);
+    float64 operands (or chunks too short to pay) in float64.
+    """
     k = a.shape[-1]
+    if a.dtype == _F32 and b.dtype == _F32:
+        per = (absmax(a) if amax is None else amax) * (absmax(b) if bmax is None else bmax)
+        chunk = k if per == 0 else int((_F32_EXACT - 1) // per)
+        if chunk < k and amax is not None:
+            # a type bound was too loose: the data's own range may allow longer chunks
+            per = absmax(a) * (absmax(b) if bmax is None else bmax)
+            chunk = k if per == 0 else int((_F32_EXACT - 1) // per)
+        if chunk >= k:
+            return matmul_nd(a, b).astype(np.int32)
+        if chunk >= _MIN_CHUNK:
+            acc = None
+            for k0 in range(0, k, chunk):
+                part = matmul_nd(a[..., k0 : k0 + chunk], _k_slice(b, k0, k0 + chunk)).astype(np.int32)
+                if acc is None:
+                    acc = part
+                else:
+                    acc += part  # int32 wraps, as the accumulator it models
+            return acc
+        a, b = a.astype(_F64), b.astype(_F64)
     if k < _EXACT_K:
-        acc = np.matmul(a, b).astype(np.int64)
+        acc = matmul_nd(a, b).astype(np.int64)
     else:
         acc = np.matmul(a.astype(np.int64), b.astype(np.int64))
     return acc.astype(np.int32)
@@ -273,13 +339,18 @@ class MatMulInteger(Kernel):
         c = self.node.constants
         self.b_packed = None
         if 1 in c and (len(self.node.inputs) < 4 or not self.node.inputs[3] or 3 in c):
-            self.b_packed = _center(c[1], c.get(3), False)
+            bp = _center(c[1], c.get(3), False, _F32)
+            self.b_packed = (bp, absmax(bp))
 
     def run(self, a, b, a_zero_point=None, b_zero_point=None):
         _check_matmul(a, b, "MatMulInteger")
-        A = _center(a, a_zero_point, True)
-        B = self.b_packed if self.b_packed is not None else _center(b, b_zero_point, False)
-        return (_int_matmul(A, B),)
+        A = _center(a, a_zero_point, True, _F32)
+        if self.b_packed is not None:
+            B, bmax = self.b_packed
+        else:
+            B = _center(b, b_zero_point, False, _F32)
+            bmax = None
+        return (_int_matmul(A, B, centred_bound(a.dtype, a_zero_point), bmax),)
 
 
 def _check_matmul(a, b, name):
@@ -314,19 +385,23 @@ class QLinearMatMul(Kernel):
     @staticmethod
     def _centre_b(b, b_zero_point):
         if b.dtype.kind in "iu":
-            return _center(b, b_zero_point, False)
+            return _center(b, b_zero_point, False, _F32)
         return _center(b.astype(_F32), np.asarray(b_zero_point).astype(_F32), False)
 
     def run(self, a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, y_zero_point=None):
         _check_matmul(a, b, "QLinearMatMul")
         if a.dtype.kind in "iu":
-            A = _center(a, _row_param(a_zero_point, a) if a_zero_point is not None else None, False)
+            A = _center(a, _row_param(a_zero_point, a) if a_zero_point is not None else None, False, _F32)
         else:
             zp = None if a_zero_point is None else _row_param(a_zero_point.astype(_F32), a)
             A = _center(a.astype(_F32), zp, False)
         B = self.b_packed if self.b_packed is not None else self._centre_b(b, b_zero_point)
         exact = a.dtype.kind in "iu" and b.dtype.kind in "iu"
-        acc = _int_matmul(A, B).astype(_F64) if exact else np.matmul(A, B)
+        if exact:
+            bounds = centred_bound(a.dtype, a_zero_point), centred_bound(b.dtype, b_zero_point)
+            acc = _int_matmul(A, B, *bounds).astype(_F64)
+        else:
+            acc = np.matmul(A.astype(_F64, copy=False), B.astype(_F64, copy=False))
         sa = _row_param(a_scale, a)
         # the scale ratio is formed in the scales' own precision
         mult = (sa * np.asarray(b_scale)) / np.asarray(y_scale)

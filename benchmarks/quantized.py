@@ -1,0 +1,195 @@
+"""Latency of quantized and contrib-op models: onnxrt against onnxruntime, side by side.
+
+    python benchmarks/quantized.py [--threads 2] [--repeat 30] [--markdown]
+
+Both engines run in this one process with the same number of threads (onnxruntime's
+``SessionOptions.intra_op_num_threads`` and onnxrt's, which also bounds numpy's BLAS).
+The models are made here from the test models in ``tests/models/data``:
+
+* a ResNet-style CNN and a transformer encoder, each quantized by
+  ``onnxruntime.quantization`` three ways: dynamic, static QDQ and static QOperator
+  (calibrated on seeded random data);
+* the BERT-like ``bert_tiny.onnx`` rewritten by ``onnxruntime.transformers`` into
+  com.microsoft ops (EmbedLayerNormalization, Attention, SkipLayerNormalization, ...),
+  and that model quantized dynamically (QAttention, QEmbedLayerNormalization, ...).
+
+For each model it prints the median latency of both engines over ``--repeat`` runs
+(after warm-up; the two engines' runs alternate, so that background load on a shared
+machine hits both alike) and the ratio onnxrt / onnxruntime; of ``--rounds`` such
+measurements, the one with the median ratio is kept.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+DATA = ROOT / "tests" / "models" / "data"
+
+
+def _feeds(model: str, batch: int):
+    rng = np.random.default_rng(0)
+    if model in ("resnet_small", "mobilenet_small"):
+        return {"image": rng.standard_normal((batch, 3, 64, 64)).astype(np.float32)}
+    if model == "transformer_encoder":
+        return {"input_ids": rng.integers(0, 100, (batch, 32)).astype(np.int64)}
+    return {
+        "input_ids": rng.integers(0, 120, (batch, 32)).astype(np.int64),
+        "attention_mask": np.ones((batch, 32), np.int64),
+        "token_type_ids": np.zeros((batch, 32), np.int64),
+    }
+
+
+def make_models(folder: Path) -> list[tuple[str, Path, str]]:
+    """Quantize the CNN and the transformer three ways, and optimize the BERT model."""
+    from onnxruntime.quantization import (
+        CalibrationDataReader,
+        QuantFormat,
+        quantize_dynamic,
+        quantize_static,
+    )
+    from onnxruntime.quantization.shape_inference import quant_pre_process
+    from onnxruntime.transformers.optimizer import optimize_model
+
+    logging.disable(logging.WARNING)
+    out = []
+    for model in ("resnet_small", "transformer_encoder"):
+
+        class Reader(CalibrationDataReader):
+            def __init__(self, model=model):
+                self.it = iter([_feeds(model, 2) for _ in range(4)])
+
+            def get_next(self):
+                return next(self.it, None)
+
+        pre = folder / f"{model}_pre.onnx"
+        quant_pre_process(
+            str(DATA / f"{model}.onnx"),
+            str(pre),
+            skip_symbolic_shape=model == "transformer_encoder",
+        )
+        paths = {
+            k: folder / f"{model}_{k}.onnx" for k in ("dynamic", "qdq", "qoperator")
+        }
+        quantize_dynamic(str(pre), str(paths["dynamic"]))
+        quantize_static(
+            str(pre), str(paths["qdq"]), Reader(), quant_format=QuantFormat.QDQ
+        )
+        quantize_static(
+            str(pre),
+            str(paths["qoperator"]),
+            Reader(),
+            quant_format=QuantFormat.QOperator,
+        )
+        out += [(f"{model} {k}", p, model) for k, p in paths.items()]
+    opt = optimize_model(
+        str(DATA / "bert_tiny.onnx"),
+        model_type="bert",
+        num_heads=2,
+        hidden_size=32,
+        opt_level=0,
+    )
+    bert = folder / "bert_tiny_contrib.onnx"
+    opt.save_model_to_file(str(bert))
+    out.append(("bert_tiny contrib ops", bert, "bert_tiny"))
+    # onnxruntime's BERT recipe continues with dynamic quantization (QAttention, ...)
+    bert_q = folder / "bert_tiny_contrib_int8.onnx"
+    import onnx
+
+    quantize_dynamic(
+        str(bert),
+        str(bert_q),
+        extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT},
+    )
+    out.append(("bert_tiny contrib ops, dynamic int8", bert_q, "bert_tiny"))
+    logging.disable(logging.NOTSET)
+    return out
+
+
+def _median_ms_interleaved(fn_a, fn_b, repeat: int) -> tuple[float, float]:
+    """Median latency in ms of two callables timed alternately, so that both see the
+    same background load on a shared machine."""
+    for _ in range(3):
+        fn_a()
+        fn_b()
+    ta, tb = [], []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn_a()
+        t1 = time.perf_counter()
+        fn_b()
+        t2 = time.perf_counter()
+        ta.append(t1 - t0)
+        tb.append(t2 - t1)
+    return statistics.median(ta) * 1e3, statistics.median(tb) * 1e3
+
+
+def bench(path: Path, feeds: dict, threads: int, repeat: int) -> tuple[float, float]:
+    """Median latency in ms of onnxrt and of onnxruntime on ``path``."""
+    import onnxrt
+    import onnxruntime as ort
+
+    so = onnxrt.SessionOptions()
+    so.intra_op_num_threads = threads
+    ours = onnxrt.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+    ro = ort.SessionOptions()
+    ro.intra_op_num_threads = threads
+    ro.inter_op_num_threads = 1
+    # onnxruntime's pool threads otherwise spin after each run, taking the cores from
+    # the onnxrt runs that alternate with its own in this process
+    ro.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    ref = ort.InferenceSession(str(path), ro, providers=["CPUExecutionProvider"])
+    names = {i.name for i in ref.get_inputs()}
+    feeds = {k: v for k, v in feeds.items() if k in names}
+    return _median_ms_interleaved(
+        lambda: ours.run(None, feeds), lambda: ref.run(None, feeds), repeat
+    )
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--repeat", type=int, default=30)
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument(
+        "--rounds",
+        type=int,
+        default=3,
+        help="measure each model this many times and keep the median round",
+    )
+    ap.add_argument("--markdown", action="store_true", help="print a Markdown table")
+    args = ap.parse_args(argv)
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for label, path, base in make_models(Path(tmp)):
+            feeds = _feeds(base, args.batch)
+            rounds = sorted(
+                (bench(path, feeds, args.threads, args.repeat) for _ in range(args.rounds)),
+                key=lambda r: r[0] / r[1],
+            )
+            ours, ref = rounds[len(rounds) // 2]
+            rows.append((label, ours, ref, ours / ref))
+            if not args.markdown:
+                print(
+                    f"{label:32s} onnxrt {ours:8.2f} ms   onnxruntime {ref:8.2f} ms   ratio {ours / ref:5.2f}"
+                )
+    if args.markdown:
+        print(
+            f"| model (batch {args.batch}, {args.threads} threads) | onnxrt ms | onnxruntime ms | ratio |"
+        )
+        print("|---|---:|---:|---:|")
+        for label, ours, ref, ratio in rows:
+            print(f"| {label} | {ours:.2f} | {ref:.2f} | {ratio:.2f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

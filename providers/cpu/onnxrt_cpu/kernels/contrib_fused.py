@@ -1,0 +1,132 @@
+"""com.microsoft fused ops: FusedConv and FusedGemm, a Conv or Gemm followed by an
+activation (and, for FusedConv, an optional residual ``Z`` added first).
+
+These are the targets of onnxruntime's Conv+activation and Gemm+activation fusions,
+so the activation names and their parameters follow onnxruntime: FusedConv takes
+``activation_params`` (LeakyRelu: alpha; Clip: min, max; HardSigmoid: alpha, beta),
+FusedGemm takes ``activation_alpha``/``activation_beta``/``activation_gamma``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..registry import op
+from .activation import _sigmoid
+from .conv import Conv
+from .linalg import Gemm
+
+__all__ = ["ACTIVATIONS", "FusedConv", "FusedGemm", "apply_activation"]
+
+
+def _leaky(x, alpha=0.01):
+    return np.where(x >= 0, x, x * x.dtype.type(alpha))
+
+
+def _clip(x, lo=-np.inf, hi=np.inf):
+    return np.clip(x, x.dtype.type(lo), x.dtype.type(hi))
+
+
+def _hard_sigmoid(x, alpha=0.2, beta=0.5):
+    return np.clip(x * x.dtype.type(alpha) + x.dtype.type(beta), 0, 1).astype(
+        x.dtype, copy=False
+    )
+
+
+def _elu(x, alpha=1.0):
+    with np.errstate(over="ignore"):
+        return np.where(x >= 0, x, x.dtype.type(alpha) * np.expm1(np.minimum(x, 0)))
+
+
+def _thresholded(x, alpha=1.0):
+    return np.where(x > x.dtype.type(alpha), x, 0).astype(x.dtype, copy=False)
+
+
+def _scaled_tanh(x, alpha=1.0, beta=1.0):
+    return x.dtype.type(alpha) * np.tanh(x * x.dtype.type(beta))
+
+
+#: activation name -> (function, number of float parameters it reads)
+ACTIVATIONS = {
+    "Relu": (lambda x: np.maximum(x, 0), 0),
+    "Sigmoid": (lambda x: _sigmoid(np, x), 0),
+    "Tanh": (np.tanh, 0),
+    "LeakyRelu": (_leaky, 1),
+    "Clip": (_clip, 2),
+    "HardSigmoid": (_hard_sigmoid, 2),
+    "Elu": (_elu, 1),
+    "ThresholdedRelu": (_thresholded, 1),
+    "ScaledTanh": (_scaled_tanh, 2),
+}
+
+
+def apply_activation(name: str, x: np.ndarray, params) -> np.ndarray:
+    """Apply onnxruntime's fused activation ``name`` with its parameters."""
+    fn, count = ACTIVATIONS[name]
+    return fn(x, *params[:count])
+
+
+def _known_activation(node) -> str | None:
+    name = node.attrs.get("activation", "")
+    if name and name not in ACTIVATIONS:
+        return f"activation {name!r} is not supported (known: {', '.join(sorted(ACTIVATIONS))})"
+    return None
+
+
+@op("FusedConv", since=1, domain="com.microsoft", accepts=_known_activation)
+class FusedConv(Conv):
+    """``activation(Conv(X, W, B) + Z)``."""
+
+    def setup(self):
+        super().setup()
+        self.activation = self.attrs.get("activation", "")
+        self.params = [float(p) for p in self.attrs.get("activation_params", [])]
+        need = ACTIVATIONS[self.activation][1] if self.activation else 0
+        if self.activation not in ("", "Clip") and len(self.params) < need:
+            raise ValueError(
+                f"{self.node.describe()}: {self.activation} needs {need} activation_params"
+            )
+
+    def run(self, x, w, b=None, z=None):
+        (y,) = super().run(x, w, b)
+        if z is not None:
+            if z.shape != y.shape:
+                raise ValueError(
+                    f"{self.node.describe()}: Z has shape {z.shape}, the convolution gives {y.shape}"
+                )
+            y = y + z
+        if self.activation:
+            y = apply_activation(self.activation, y, self.params)
+        return (y.astype(x.dtype, copy=False),)
+
+
+@op("FusedGemm", since=1, domain="com.microsoft", accepts=_known_activation)
+class FusedGemm(Gemm):
+    """``activation(alpha * A' B' + beta * C)``."""
+
+    def setup(self):
+        super().setup()
+        a = self.attrs
+        self.activation = a.get("activation", "")
+        self.params = [
+            float(
+                a.get(
+                    "activation_alpha", 0.01 if self.activation == "LeakyRelu" else 1.0
+                )
+            ),
+            float(a.get("activation_beta", 1.0)),
+            float(a.get("activation_gamma", 0.0)),
+        ]
+        if self.activation == "HardSigmoid":
+            self.params[:2] = [
+                float(a.get("activation_alpha", 0.2)),
+                float(a.get("activation_beta", 0.5)),
+            ]
+        if self.activation == "Clip":
+            raise ValueError(f"{self.node.describe()}: FusedGemm does not take Clip")
+
+    def run(self, a, b, c=None):
+        (y,) = super().run(a, b, c)
+        if self.activation:
+            y = apply_activation(self.activation, y, self.params)
+        return (y.astype(a.dtype, copy=False),)

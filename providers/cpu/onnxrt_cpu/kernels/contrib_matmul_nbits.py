@@ -1,0 +1,111 @@
+"""com.microsoft MatMulNBits: a matrix product with 2-, 4- or 8-bit weights quantized
+block-wise along K, each block with its own scale and zero point (the weight-only
+quantization of large language models)."""
+
+from __future__ import annotations
+
+import numpy as np
+from onnxrt.kernel import Kernel
+
+from ..parallel import matmul_nd
+from ..registry import op
+
+__all__ = ["MatMulNBits"]
+
+MS = "com.microsoft"
+_F32 = np.dtype(np.float32)
+
+
+def _unpack_bits(packed: np.ndarray, bits: int) -> np.ndarray:
+    """Split each byte of ``packed`` into ``8 // bits`` values, lowest bits first."""
+    per = 8 // bits
+    shifts = (np.arange(per, dtype=np.uint8) * bits).astype(np.uint8)
+    vals = (packed[..., None] >> shifts) & np.uint8((1 << bits) - 1)
+    return vals.reshape(packed.shape[:-1] + (packed.shape[-1] * per,))
+
+
+@op("MatMulNBits", since=1, domain=MS)
+class MatMulNBits(Kernel):
+    """``A @ dequantize(B)^T + bias`` where B ``[N, K]`` is stored in blocks of
+    ``block_size`` along K, each ``bits`` wide with its own scale and zero point.
+
+    A constant B is dequantized once, in ``setup``, to a float32 ``[K, N]`` matrix, so
+    a run is one BLAS product.
+    """
+
+    def setup(self):
+        a = self.attrs
+        desc = self.node.describe()
+        try:
+            self.k, self.n = int(a["K"]), int(a["N"])
+            self.block = int(a["block_size"])
+        except KeyError as e:
+            raise ValueError(f"{desc}: attribute {e.args[0]} is required") from None
+        self.bits = int(a.get("bits", 4))
+        if self.bits not in (2, 4, 8):
+            raise ValueError(f"{desc}: bits must be 2, 4 or 8, got {self.bits}")
+        if self.block < 16 or self.block & (self.block - 1):
+            raise ValueError(
+                f"{desc}: block_size must be a power of 2 >= 16, got {self.block}"
+            )
+        c = self.node.constants
+        ins = self.node.inputs
+        self.w = None
+        opt = [i for i in (3,) if i < len(ins) and ins[i]]
+        if 1 in c and 2 in c and all(i in c for i in opt):
+            self.w = self._dequantize(c[1], c[2], c.get(3) if opt else None)
+
+    def _dequantize(self, b, scales, zero_points) -> np.ndarray:
+        desc = self.node.describe()
+        n, k, bits, block = self.n, self.k, self.bits, self.block
+        kb = -(-k // block)
+        blob = block * bits // 8
+        if b.dtype != np.uint8 or b.size != n * kb * blob:
+            raise ValueError(
+                f"{desc}: B must be uint8 of shape ({n}, {kb}, {blob}), got {b.dtype} {b.shape}"
+            )
+        q = _unpack_bits(b.reshape(n, kb, blob), bits).astype(_F32)  # [N, kb, block]
+        s = np.asarray(scales)
+        if s.size != n * kb:
+            raise ValueError(
+                f"{desc}: scales must have {n * kb} values (N x k_blocks), got shape {s.shape}"
+            )
+        s = s.astype(_F32).reshape(n, kb, 1)
+        if zero_points is None:
+            q -= np.float32(1 << (bits - 1))
+        elif zero_points.dtype == np.uint8:
+            zb = -(-kb * bits // 8)
+            if zero_points.size != n * zb:
+                raise ValueError(
+                    f"{desc}: packed zero_points must have {n * zb} bytes, got shape {zero_points.shape}"
+                )
+            z = _unpack_bits(zero_points.reshape(n, zb), bits)[:, :kb].astype(_F32)
+            q -= z[..., None]
+        else:
+            if zero_points.size != n * kb:
+                raise ValueError(
+                    f"{desc}: zero_points must have {n * kb} values, got shape {zero_points.shape}"
+                )
+            # float zero points are in the dequantized domain offset: (q - zp) * s
+            q -= zero_points.astype(_F32).reshape(n, kb, 1)
+        q *= s
+        w = q.reshape(n, kb * block)[:, :k]
+        return np.ascontiguousarray(w.T)  # [K, N]
+
+    def run(self, a, b, scales, zero_points=None, g_idx=None, bias=None):
+        desc = self.node.describe()
+        if g_idx is not None:
+            raise ValueError(f"{desc}: g_idx is deprecated and not supported")
+        if a.shape[-1] != self.k:
+            raise ValueError(
+                f"{desc}: A's last dimension is {a.shape[-1]}, K is {self.k}"
+            )
+        w = self.w if self.w is not None else self._dequantize(b, scales, zero_points)
+        y = matmul_nd(a.astype(_F32, copy=False), w)
+        if bias is not None:
+            if bias.shape != (self.n,):
+                raise ValueError(
+                    f"{desc}: bias must have shape ({self.n},), got {bias.shape}"
+                )
+            y += bias.astype(_F32)
+        return (y.astype(a.dtype, copy=False),)

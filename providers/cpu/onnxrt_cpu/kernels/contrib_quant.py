@@ -1,0 +1,590 @@
+"""com.microsoft quantized ops: what ``onnxruntime.quantization`` writes in QOperator
+format, and the integer matrix products its graph optimizer fuses.
+
+* elementwise: QLinearAdd, QLinearMul;
+* lookup tables: QLinearSigmoid, QLinearLeakyRelu (an 8-bit input has only 256
+  values, so the float function is evaluated once per value and then gathered);
+* QLinearSoftmax, QLinearConcat, QLinearGlobalAveragePool, QLinearAveragePool;
+* QGemm, DynamicQuantizeMatMul, MatMulIntegerToFloat;
+* QuantizeLinear / DequantizeLinear in the com.microsoft domain (same semantics).
+
+Quantized values are taken to float32 as ``(q - zero_point) * scale``, computed in
+float32 and requantized with round-half-to-even and saturation, as onnxruntime's
+reference paths do. Integer products accumulate exactly (see :mod:`.quantize`). The block-quantized
+MatMulNBits, DynamicQuantizeLSTM and the quantized BERT ops live in
+:mod:`.contrib_matmul_nbits`, :mod:`.contrib_quant_lstm` and :mod:`.contrib_quant_bert`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from onnxrt.kernel import Kernel
+
+from ..registry import op
+from .activation import _sigmoid
+from .conv import conv_pads, pad_spatial, spatial_attrs, tap_slices
+from .quantize import (
+    INT_RANGES,
+    DequantizeLinear,
+    QuantizeLinear,
+    _center,
+    _check_matmul,
+    _int_matmul,
+    centred_bound,
+    dynamic_quantize_linear,
+)
+
+__all__ = [
+    "DynamicQuantizeMatMul",
+    "MatMulIntegerToFloat",
+    "QGemm",
+    "QLinearAveragePool",
+    "QLinearConcat",
+    "QLinearLookup",
+    "QLinearSoftmax",
+    "qlinear_add",
+    "qlinear_global_average_pool",
+    "qlinear_mul",
+    "requantize",
+]
+
+MS = "com.microsoft"
+_F32 = np.dtype(np.float32)
+
+op("QuantizeLinear", since=1, domain=MS)(QuantizeLinear)
+op("DequantizeLinear", since=1, domain=MS)(DequantizeLinear)
+
+
+def _scalar(p, what: str) -> np.float32:
+    """A per-tensor scale as a float32 scalar; per-axis values are refused by name."""
+    a = np.asarray(p)
+    if a.size != 1:
+        raise ValueError(f"{what} must be a scalar (per-tensor), got shape {a.shape}")
+    return np.float32(a.reshape(()))
+
+
+def _zp(p, dtype) -> int:
+    """A per-tensor zero point as a Python int (0 when absent)."""
+    if p is None:
+        return 0
+    a = np.asarray(p)
+    if a.size != 1:
+        raise ValueError(
+            f"zero point must be a scalar (per-tensor), got shape {a.shape}"
+        )
+    if dtype is not None and a.dtype != dtype:
+        raise ValueError(
+            f"zero point has type {a.dtype}, the quantized tensor has type {dtype}"
+        )
+    return int(a.reshape(()))
+
+
+def _check_q(x, what: str):
+    if x.dtype not in (np.dtype(np.uint8), np.dtype(np.int8)):
+        raise ValueError(f"{what} must be uint8 or int8, got {x.dtype}")
+
+
+def dequant(x, scale, zp, what="x") -> np.ndarray:
+    """``(x - zp) * scale`` in float32 (per-tensor)."""
+    v = x.astype(_F32)
+    z = _zp(zp, x.dtype)
+    if z:
+        v -= np.float32(z)
+    v *= _scalar(scale, f"{what}_scale")
+    return v
+
+
+def requantize(v: np.ndarray, zero_point: int, dtype) -> np.ndarray:
+    """Round ``v`` (already divided by the output scale) half to even, add the zero
+    point and saturate to ``dtype``."""
+    dtype = np.dtype(dtype)
+    lo, hi = INT_RANGES[dtype]
+    v = np.rint(v)
+    if zero_point:
+        v += v.dtype.type(zero_point)
+    np.clip(v, lo, hi, out=v)
+    return v.astype(dtype)
+
+
+def _out_type(y_zero_point, x) -> np.dtype:
+    return np.dtype(y_zero_point.dtype) if y_zero_point is not None else x.dtype
+
+
+# -- elementwise -----------------------------------------------------------------------
+
+
+def _binary_inputs(a, a_scale, a_zp, b, b_scale, b_zp, c_scale, c_zp, name):
+    _check_q(a, f"{name}: A")
+    if b.dtype != a.dtype:
+        raise ValueError(
+            f"{name}: A and B must have the same type, got {a.dtype} and {b.dtype}"
+        )
+    try:
+        np.broadcast_shapes(a.shape, b.shape)
+    except ValueError:
+        raise ValueError(
+            f"{name}: shapes {a.shape} and {b.shape} do not broadcast"
+        ) from None
+    out = _out_type(c_zp, a)
+    return (
+        _scalar(a_scale, "A_scale"),
+        _zp(a_zp, a.dtype),
+        _scalar(b_scale, "B_scale"),
+        _zp(b_zp, b.dtype),
+        _scalar(c_scale, "C_scale"),
+        _zp(c_zp, out),
+        out,
+    )
+
+
+@op("QLinearAdd", since=1, domain=MS)
+def qlinear_add(
+    k, a, a_scale, a_zero_point, b, b_scale, b_zero_point, c_scale, c_zero_point=None
+):
+    """``C = quantize(dequantize(A) + dequantize(B))`` with broadcasting."""
+    sa, za, sb, zb, sc, zc, out = _binary_inputs(
+        a,
+        a_scale,
+        a_zero_point,
+        b,
+        b_scale,
+        b_zero_point,
+        c_scale,
+        c_zero_point,
+        "QLinearAdd",
+    )
+    va = a.astype(_F32)
+    if za:
+        va -= np.float32(za)
+    va *= sa
+    vb = b.astype(_F32)
+    if zb:
+        vb -= np.float32(zb)
+    vb *= sb
+    v = np.add(va, vb)
+    v /= sc
+    return requantize(v, zc, out)
+
+
+@op("QLinearMul", since=1, domain=MS)
+def qlinear_mul(
+    k, a, a_scale, a_zero_point, b, b_scale, b_zero_point, c_scale, c_zero_point=None
+):
+    """``C = quantize(dequantize(A) * dequantize(B))`` with broadcasting."""
+    sa, za, sb, zb, sc, zc, out = _binary_inputs(
+        a,
+        a_scale,
+        a_zero_point,
+        b,
+        b_scale,
+        b_zero_point,
+        c_scale,
+        c_zero_point,
+        "QLinearMul",
+    )
+    va = a.astype(_F32)
+    if za:
+        va -= np.float32(za)
+    vb = b.astype(_F32)
+    if zb:
+        vb -= np.float32(zb)
+    v = np.multiply(va, vb)
+    v *= np.float32(sa * sb / sc)
+    return requantize(v, zc, out)
+
+
+# -- lookup-table activations ------------------------------------------------------------
+
+
+class QLinearLookup(Kernel):
+    """Base of 8-bit unary ops computed through a 256-entry table.
+
+    Inputs ``X, X_scale, X_zero_point?, Y_scale, Y_zero_point?``. The table is built
+    once when every scale and zero point is a constant, else per call.
+    """
+
+    def fn(self, x: np.ndarray) -> np.ndarray:  # pragma: no cover - abstract
+        """The float function the op applies."""
+        raise NotImplementedError
+
+    def setup(self):
+        c = self.node.constants
+        n = len(self.node.inputs)
+        self.table = None
+        needed = [i for i in range(1, 5) if i < n and self.node.inputs[i]]
+        dt = self.node.input_dtype(0)
+        if dt in (np.dtype(np.uint8), np.dtype(np.int8)) and all(
+            i in c for i in needed
+        ):
+            get = lambda i: c.get(i) if i < n and self.node.inputs[i] else None
+            self.table = self._table(dt, get(1), get(2), get(3), get(4))
+
+    def _table(self, dt, x_scale, x_zp, y_scale, y_zp):
+        lo, hi = INT_RANGES[np.dtype(dt)]
+        q = np.arange(lo, hi + 1, dtype=np.int32).astype(dt)
+        with np.errstate(over="ignore", under="ignore"):
+            v = self.fn(dequant(q, x_scale, x_zp))
+        out = _out_type(y_zp, q)
+        return requantize(v / _scalar(y_scale, "Y_scale"), _zp(y_zp, out), out)
+
+    def run(self, x, x_scale, x_zero_point=None, y_scale=None, y_zero_point=None):
+        _check_q(x, f"{self.node.describe()}: X")
+        if y_scale is None:
+            raise ValueError(f"{self.node.describe()}: Y_scale is required")
+        table = self.table
+        if table is None:
+            table = self._table(x.dtype, x_scale, x_zero_point, y_scale, y_zero_point)
+        lo = INT_RANGES[x.dtype][0]
+        idx = x.astype(np.intp)
+        if lo:
+            idx -= lo
+        return (table[idx],)
+
+
+@op("QLinearSigmoid", since=1, domain=MS)
+class QLinearSigmoid(QLinearLookup):
+    """Quantized Sigmoid."""
+
+    def fn(self, x):
+        return _sigmoid(np, x)
+
+
+@op("QLinearLeakyRelu", since=1, domain=MS)
+class QLinearLeakyRelu(QLinearLookup):
+    """Quantized LeakyRelu (``alpha`` defaults to 0.01)."""
+
+    def fn(self, x):
+        alpha = np.float32(self.attrs.get("alpha", 0.01))
+        return np.where(x >= 0, x, x * alpha)
+
+
+@op("QLinearSoftmax", since=1, domain=MS)
+class QLinearSoftmax(Kernel):
+    """Quantized Softmax. ``opset`` (the Softmax version the node replaced) picks the
+    axis semantics: before 13 the input is coerced to 2-D at ``axis``."""
+
+    def setup(self):
+        self.opset = int(self.attrs.get("opset", 13))
+        self.axis = int(self.attrs.get("axis", -1 if self.opset >= 13 else 1))
+
+    def run(self, x, x_scale, x_zero_point, y_scale, y_zero_point):
+        _check_q(x, "QLinearSoftmax: X")
+        r = x.ndim
+        if not -r <= self.axis < r:
+            raise ValueError(
+                f"QLinearSoftmax: axis {self.axis} is out of range for rank {r}"
+            )
+        axis = self.axis % r
+        v = dequant(x, x_scale, x_zero_point)
+        if self.opset < 13:
+            shape = v.shape
+            v = v.reshape(int(np.prod(shape[:axis], dtype=np.int64)), -1)
+            axis = 1
+        v = v - v.max(axis=axis, keepdims=True)
+        np.exp(v, out=v)
+        v /= v.sum(axis=axis, keepdims=True)
+        v = v.reshape(x.shape)
+        out = _out_type(y_zero_point, x)
+        return (
+            requantize(v / _scalar(y_scale, "y_scale"), _zp(y_zero_point, out), out),
+        )
+
+
+@op("QLinearConcat", since=1, domain=MS)
+class QLinearConcat(Kernel):
+    """Concatenation of quantized tensors, each requantized to ``Y``'s scale.
+
+    Inputs ``Y_scale, Y_zero_point, (X, X_scale, X_zero_point)...``."""
+
+    def run(self, y_scale, y_zero_point, *xs):
+        if not xs or len(xs) % 3:
+            raise ValueError(
+                f"QLinearConcat: inputs after Y_scale, Y_zero_point come in triples, got {len(xs)}"
+            )
+        out = np.dtype(y_zero_point.dtype)
+        sy = _scalar(y_scale, "Y_scale")
+        zy = _zp(y_zero_point, out)
+        parts = []
+        for i in range(0, len(xs), 3):
+            x, s, z = xs[i : i + 3]
+            _check_q(x, f"QLinearConcat: input {i // 3}")
+            sx = _scalar(s, "X_scale")
+            zx = _zp(z, x.dtype)
+            if x.dtype == out and sx == sy and zx == zy:
+                parts.append(x)  # same quantization: taken as is, as onnxruntime does
+            else:
+                parts.append(requantize(dequant(x, s, z) / sy, zy, out))
+        axis = int(self.attrs.get("axis", 0))
+        r = parts[0].ndim
+        if not -r <= axis < r:
+            raise ValueError(f"QLinearConcat: axis {axis} is out of range for rank {r}")
+        try:
+            return (np.concatenate(parts, axis=axis),)
+        except ValueError as e:
+            raise ValueError(f"QLinearConcat: {e}") from None
+
+
+# -- pooling --------------------------------------------------------------------------
+
+
+@op("QLinearGlobalAveragePool", since=1, domain=MS)
+def qlinear_global_average_pool(
+    k, x, x_scale, x_zero_point, y_scale, y_zero_point, *, channels_last=0
+):
+    """Quantized GlobalAveragePool (NCHW, or NHWC with ``channels_last=1``)."""
+    _check_q(x, "QLinearGlobalAveragePool: X")
+    if x.ndim < 3:
+        raise ValueError(
+            f"QLinearGlobalAveragePool: input must have rank >= 3, got shape {x.shape}"
+        )
+    axes = tuple(range(1, x.ndim - 1)) if channels_last else tuple(range(2, x.ndim))
+    zx = _zp(x_zero_point, x.dtype)
+    # the sum of 8-bit values is exact in float64 for any realistic size
+    s = x.sum(axis=axes, keepdims=True, dtype=np.float64)
+    n = int(np.prod([x.shape[a] for a in axes], dtype=np.int64))
+    mean = (s / n - zx).astype(_F32)
+    out = _out_type(y_zero_point, x)
+    v = mean * np.float32(_scalar(x_scale, "x_scale") / _scalar(y_scale, "y_scale"))
+    return requantize(v, _zp(y_zero_point, out), out)
+
+
+@op("QLinearAveragePool", since=1, domain=MS)
+class QLinearAveragePool(Kernel):
+    """Quantized AveragePool with AveragePool's attributes and ``channels_last``."""
+
+    def setup(self):
+        a = self.attrs
+        if a.get("ceil_mode", 0):
+            raise ValueError(f"{self.node.describe()}: ceil_mode=1 is not supported")
+        self.include_pad = bool(a.get("count_include_pad", 0))
+        self.channels_last = bool(a.get("channels_last", 0))
+
+    def run(self, x, x_scale, x_zero_point, y_scale, y_zero_point=None):
+        _check_q(x, "QLinearAveragePool: X")
+        if x.ndim < 3:
+            raise ValueError(
+                f"QLinearAveragePool: input must have rank >= 3, got shape {x.shape}"
+            )
+        xc = np.moveaxis(x, -1, 1) if self.channels_last else x
+        nd = xc.ndim - 2
+        kernel, strides, dil = spatial_attrs(self.attrs, nd)
+        if len(kernel) != nd:
+            raise ValueError(
+                f"QLinearAveragePool: kernel_shape {kernel} must have {nd} entries"
+            )
+        pb, pe, out_sp = conv_pads(
+            xc.shape[2:],
+            kernel,
+            strides,
+            dil,
+            self.attrs.get("pads"),
+            self.attrs.get("auto_pad", "NOTSET"),
+        )
+        v = dequant(xc, x_scale, x_zero_point)
+        ones = np.ones((1, 1) + xc.shape[2:], dtype=_F32)
+        vp = pad_spatial(v, pb, pe)
+        # padded cells count towards the divisor only with count_include_pad
+        cp = pad_spatial(ones, pb, pe, 1 if self.include_pad else 0)
+        acc = np.zeros(xc.shape[:2] + tuple(out_sp), dtype=_F32)
+        cnt = np.zeros((1, 1) + tuple(out_sp), dtype=_F32)
+        for _, sl in tap_slices(kernel, strides, dil, out_sp):
+            acc += vp[(slice(None), slice(None)) + sl]
+            cnt += cp[(slice(None), slice(None)) + sl]
+        acc /= np.maximum(cnt, 1)
+        out = _out_type(y_zero_point, x)
+        y = requantize(acc / _scalar(y_scale, "y_scale"), _zp(y_zero_point, out), out)
+        return (np.moveaxis(y, 1, -1) if self.channels_last else y,)
+
+
+# -- integer matrix products ---------------------------------------------------------------
+
+
+def _col_param(p, n: int, what: str) -> np.ndarray:
+    """A scale or zero point of B: scalar, or one per column ``[N]``."""
+    a = np.asarray(p)
+    if a.size == 1:
+        return a.reshape(())
+    if a.shape != (n,):
+        raise ValueError(f"{what} must be a scalar or have shape ({n},), got {a.shape}")
+    return a
+
+
+def _center_b(b: np.ndarray, zp) -> np.ndarray:
+    """``B - zp`` (per tensor or per column) as exact float32."""
+    v = b.astype(_F32)
+    if zp is not None:
+        z = _col_param(zp, b.shape[-1], "B zero point")
+        if z.dtype != b.dtype:
+            raise ValueError(f"B zero point has type {z.dtype}, B has type {b.dtype}")
+        v -= z.astype(_F32)
+    return v
+
+
+@op("QGemm", since=1, domain=MS)
+class QGemm(Kernel):
+    """``Y = alpha * (A - a_zp)' (B - b_zp)' * a_scale * b_scale + C * a_scale * b_scale``,
+    requantized with ``y_scale``/``y_zero_point``, or float32 when ``y_scale`` is absent.
+    ``C`` is an int32 bias already quantized with scale ``a_scale * b_scale``."""
+
+    def setup(self):
+        a = self.attrs
+        self.alpha = np.float32(a.get("alpha", 1.0))
+        self.trans_a = bool(a.get("transA", 0))
+        self.trans_b = bool(a.get("transB", 0))
+        c = self.node.constants
+        self.b_packed = None
+        if 3 in c and 5 in c:
+            self.b_packed = self._pack_b(c[3], c[5])
+
+    def _pack_b(self, b, zp):
+        if b.ndim != 2:
+            raise ValueError(
+                f"{self.node.describe()}: B must be 2-D, got shape {b.shape}"
+            )
+        bt = b.T if self.trans_b else b
+        return np.ascontiguousarray(_center_b(bt, zp))
+
+    def run(
+        self,
+        a,
+        a_scale,
+        a_zero_point,
+        b,
+        b_scale,
+        b_zero_point,
+        c=None,
+        y_scale=None,
+        y_zero_point=None,
+    ):
+        desc = self.node.describe()
+        if a.ndim != 2 or b.ndim != 2:
+            raise ValueError(
+                f"{desc}: A and B must be 2-D, got shapes {a.shape} and {b.shape}"
+            )
+        _check_q(a, f"{desc}: A")
+        B = (
+            self.b_packed
+            if self.b_packed is not None
+            else self._pack_b(b, b_zero_point)
+        )
+        aa = a.T if self.trans_a else a
+        if aa.shape[1] != B.shape[0]:
+            raise ValueError(
+                f"{desc}: inner dimensions differ: A' is {aa.shape}, B' is {B.shape}"
+            )
+        A = _center(aa, np.asarray(_zp(a_zero_point, a.dtype)), False, _F32)
+        acc = _int_matmul(A, B, centred_bound(a.dtype, a_zero_point)).astype(np.float64)
+        n = B.shape[1]
+        if c is not None:
+            if c.dtype != np.int32:
+                raise ValueError(f"{desc}: C must be int32, got {c.dtype}")
+            acc += c.astype(np.float64)
+        # C joins the int32 accumulator; alpha scales both, as onnxruntime does
+        mult = (
+            self.alpha
+            * _scalar(a_scale, "a_scale")
+            * _col_param(b_scale, n, "b_scale").astype(_F32)
+        )
+        if y_scale is None:
+            return ((acc * mult.astype(np.float64)).astype(_F32),)
+        out = _out_type(y_zero_point, a)
+        mult = (mult / _scalar(y_scale, "y_scale")).astype(np.float64)
+        return (requantize(acc * mult, _zp(y_zero_point, out), out),)
+
+
+def _bias(y: np.ndarray, bias, what: str) -> np.ndarray:
+    if bias is None:
+        return y
+    if bias.shape != (y.shape[-1],):
+        raise ValueError(
+            f"{what}: bias has shape {bias.shape}, expected ({y.shape[-1]},)"
+        )
+    y += bias.astype(y.dtype, copy=False)
+    return y
+
+
+def _b_scale(b, b_scale) -> np.ndarray:
+    """B's scale as float32: per tensor, or per column (the last axis of B)."""
+    s = np.asarray(b_scale, dtype=_F32)
+    if s.size == 1:
+        return s.reshape(())
+    if s.shape[-1] != b.shape[-1] or s.size != b.shape[-1] * int(
+        np.prod(b.shape[:-2], dtype=np.int64)
+    ):
+        raise ValueError(
+            f"b_scale of shape {s.shape} does not fit B of shape {b.shape}"
+        )
+    return s.reshape(b.shape[:-2] + (1, b.shape[-1]))
+
+
+def _center_b_any(b, zp, prepacked):
+    if prepacked is not None:
+        return prepacked
+    v = b.astype(_F32)
+    if zp is not None:
+        z = np.asarray(zp)
+        if z.dtype != b.dtype:
+            raise ValueError(f"b_zero_point has type {z.dtype}, B has type {b.dtype}")
+        if z.size == 1:
+            v -= np.float32(z.reshape(()))
+        else:
+            v -= z.astype(_F32).reshape(b.shape[:-2] + (1, b.shape[-1]))
+    return v
+
+
+@op("MatMulIntegerToFloat", since=1, domain=MS)
+class MatMulIntegerToFloat(Kernel):
+    """``(A - a_zp) @ (B - b_zp) * a_scale * b_scale + bias`` in float32; ``b_scale``
+    and ``b_zero_point`` may be per column."""
+
+    def setup(self):
+        c = self.node.constants
+        ins = self.node.inputs
+        self.b_packed = None
+        has_zp = len(ins) > 5 and ins[5]
+        if 1 in c and (not has_zp or 5 in c):
+            self.b_packed = _center_b_any(c[1], c.get(5) if has_zp else None, None)
+
+    def run(
+        self, a, b, a_scale, b_scale, a_zero_point=None, b_zero_point=None, bias=None
+    ):
+        desc = self.node.describe()
+        _check_matmul(a, b, desc)
+        A = _center(a, np.asarray(_zp(a_zero_point, a.dtype)), False, _F32)
+        B = _center_b_any(b, b_zero_point, self.b_packed)
+        acc = _int_matmul(
+            A,
+            B,
+            centred_bound(a.dtype, a_zero_point),
+            centred_bound(b.dtype, b_zero_point),
+        )
+        # scaled in float32, as onnxruntime does
+        y = acc.astype(_F32)
+        y *= _scalar(a_scale, "a_scale") * _b_scale(b, b_scale)
+        return (_bias(y, bias, desc),)
+
+
+@op("DynamicQuantizeMatMul", since=1, domain=MS)
+class DynamicQuantizeMatMul(Kernel):
+    """Float A quantized to uint8 on the fly (DynamicQuantizeLinear), multiplied by the
+    8-bit B, scaled back to float32 and biased."""
+
+    def setup(self):
+        c = self.node.constants
+        ins = self.node.inputs
+        self.b_packed = None
+        has_zp = len(ins) > 3 and ins[3]
+        if 1 in c and (not has_zp or 3 in c):
+            self.b_packed = _center_b_any(c[1], c.get(3) if has_zp else None, None)
+
+    def run(self, a, b, b_scale, b_zero_point=None, bias=None):
+        desc = self.node.describe()
+        _check_matmul(a, b, desc)
+        qa, sa, za = dynamic_quantize_linear(self, a)
+        A = _center(qa, za, False, _F32)
+        B = _center_b_any(b, b_zero_point, self.b_packed)
+        y = _int_matmul(
+            A, B, centred_bound(qa.dtype, za), centred_bound(b.dtype, b_zero_point)
+        ).astype(_F32)
+        y *= sa * _b_scale(b, b_scale)
+        return (_bias(y, bias, desc),)

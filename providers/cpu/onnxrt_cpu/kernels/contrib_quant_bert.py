@@ -1,0 +1,118 @@
+"""com.microsoft QAttention and QEmbedLayerNormalization: what
+``onnxruntime.quantization.quantize_dynamic`` writes for a BERT model that
+``onnxruntime.transformers`` has already rewritten into Attention and
+EmbedLayerNormalization."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..registry import op
+from .contrib_quant import _center_b, _check_q, _col_param, _scalar, _zp
+from .contrib_transformer import Attention, EmbedLayerNormalization, _no_rotary
+from .quantize import _center, _int_matmul, centred_bound
+
+__all__ = ["QAttention", "QEmbedLayerNormalization"]
+
+MS = "com.microsoft"
+_F32 = np.dtype(np.float32)
+
+
+@op("QAttention", since=1, domain=MS, accepts=_no_rotary)
+class QAttention(Attention):
+    """Attention whose input and merged QKV weight are 8-bit: the projection is an exact
+    integer GEMM scaled by ``input_scale * weight_scale`` (per tensor or per column)."""
+
+    def setup(self):
+        super().setup()
+        self.w_packed = None
+        c = self.node.constants
+        ins = self.node.inputs
+        has_zp = len(ins) > 7 and ins[7]
+        if 1 in c and (not has_zp or 7 in c):
+            self.w_packed = _center_b(c[1], c.get(7) if has_zp else None)
+
+    def run(
+        self,
+        x,
+        weight,
+        bias,
+        input_scale,
+        weight_scale,
+        mask_index=None,
+        input_zero_point=None,
+        weight_zero_point=None,
+        past=None,
+    ):
+        desc = self.node.describe()
+        _check_q(x, f"{desc}: input")
+        hq, hk = self.split_sizes(x, weight)
+        W = (
+            self.w_packed
+            if self.w_packed is not None
+            else _center_b(weight, weight_zero_point)
+        )
+        A = _center(x, np.asarray(_zp(input_zero_point, x.dtype)), False, _F32)
+        acc = _int_matmul(A, W, centred_bound(x.dtype, input_zero_point))
+        n = W.shape[1]
+        qkv = acc.astype(_F32)
+        qkv *= _scalar(input_scale, "input_scale") * _col_param(
+            weight_scale, n, "weight_scale"
+        ).astype(_F32)
+        return self.attend(qkv, hq, hk, bias, mask_index, past, None, _F32)
+
+
+@op("QEmbedLayerNormalization", since=1, domain=MS)
+class QEmbedLayerNormalization(EmbedLayerNormalization):
+    """EmbedLayerNormalization whose tables, gamma and beta are 8-bit quantized: they
+    are dequantized (once, when constant) and the float op runs."""
+
+    # (quantized input, scale input, zero point input) for each table
+    _TABLES = ((2, 8, 13), (3, 9, 14), (4, 10, 15), (5, 11, 16), (6, 12, 17))
+
+    def setup(self):
+        super().setup()
+        c = self.node.constants
+        self.tables = {}
+        for q, s, z in self._TABLES:
+            if q in c and s in c and z in c:
+                self.tables[q] = _dequant_any(c[q], c[s], c[z])
+
+    def run(
+        self,
+        input_ids,
+        segment_ids,
+        word_q,
+        pos_q,
+        seg_q,
+        gamma_q,
+        beta_q,
+        mask,
+        *params,
+    ):
+        ins = (None, None, word_q, pos_q, seg_q, gamma_q, beta_q)
+        floats = {}
+        for q, s, z in self._TABLES:
+            if q in self.tables:
+                floats[q] = self.tables[q]
+            elif ins[q] is not None:
+                floats[q] = _dequant_any(ins[q], params[s - 8], params[z - 8])
+            else:
+                floats[q] = None
+        return super().run(
+            input_ids,
+            segment_ids,
+            floats[2],
+            floats[3],
+            floats[4],
+            floats[5],
+            floats[6],
+            mask,
+        )
+
+
+def _dequant_any(q, scale, zero_point) -> np.ndarray:
+    v = q.astype(_F32)
+    v -= np.float32(_zp(zero_point, q.dtype))
+    v *= _scalar(scale, "scale")
+    return v

@@ -1,0 +1,201 @@
+"""Kernel threads: split work into chunks that a shared pool and the caller claim.
+
+``parallel_for(count, fn)`` runs ``fn(0) ... fn(count - 1)`` over at most
+:func:`onnxrt.threads.current_thread_count` threads: the calling thread and workers of
+a process-wide pool. Chunks are claimed one at a time from a shared counter and the
+caller claims too, so it never waits for a worker that has not started (on a loaded
+machine it simply does all the chunks itself); it waits only for chunks a worker has
+already begun. numpy releases the GIL inside BLAS calls and large copies, which is
+where the chunks spend their time.
+
+:func:`matmul` is a 2-D matrix product split this way over the rows or the columns
+of the result, each part one single-threaded BLAS call writing into its slice of ``out``.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import threading
+
+import numpy as np
+
+from onnxrt.threads import current_thread_count
+
+__all__ = ["PARALLEL_MIN_FLOPS", "matmul", "matmul_nd", "parallel_for", "thread_count"]
+
+#: Below this many multiply-adds a product runs on the calling thread alone: handing
+#: work to another thread costs tens of microseconds.
+PARALLEL_MIN_FLOPS = 1 << 21
+
+
+def thread_count() -> int:
+    """The threads the current run lets a kernel use."""
+    return current_thread_count()
+
+
+class _Job:
+    __slots__ = ("fn", "count", "next", "finished", "lock", "done", "error")
+
+    def __init__(self, fn, count):
+        self.fn = fn
+        self.count = count
+        self.next = 0
+        self.finished = 0
+        self.lock = threading.Lock()
+        self.done = threading.Event()
+        self.error = None
+
+    def work(self):
+        while True:
+            with self.lock:
+                i = self.next
+                if i >= self.count:
+                    return
+                self.next = i + 1
+            try:
+                self.fn(i)
+            except BaseException as e:  # re-raised in the calling thread
+                if self.error is None:
+                    self.error = e
+            with self.lock:
+                self.finished += 1
+                if self.finished == self.count:
+                    self.done.set()
+
+
+class _Pool:
+    def __init__(self):
+        self.queue: queue.SimpleQueue = queue.SimpleQueue()
+        self.workers: list[threading.Thread] = []
+        self.lock = threading.Lock()
+
+    def ensure(self, n: int) -> None:
+        if len(self.workers) >= n:
+            return
+        with self.lock:
+            while len(self.workers) < n:
+                t = threading.Thread(target=self._loop, name=f"onnxrt-cpu-{len(self.workers)}", daemon=True)
+                t.start()
+                self.workers.append(t)
+
+    def _loop(self):
+        while True:
+            job = self.queue.get()
+            job.work()
+
+
+_pool = _Pool()
+
+
+def _after_fork():  # pragma: no cover - exercised only in forked children
+    global _pool
+    _pool = _Pool()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork)
+
+
+def parallel_for(count: int, fn, threads: int | None = None) -> None:
+    """Call ``fn(i)`` for every ``i < count``, over up to ``threads`` threads.
+
+    Exceptions raised by any call are re-raised here (the first one) after every
+    started call has finished.
+    """
+    n = min(count, threads if threads is not None else current_thread_count())
+    if n <= 1:
+        for i in range(count):
+            fn(i)
+        return
+    job = _Job(fn, count)
+    _pool.ensure(n - 1)
+    for _ in range(n - 1):
+        _pool.queue.put(job)
+    job.work()
+    job.done.wait()
+    if job.error is not None:
+        raise job.error
+
+
+def _bounds(total: int, parts: int, align: int = 1) -> list[int]:
+    step = -(-total // parts)
+    step = -(-step // align) * align
+    return list(range(0, total, step)) + [total]
+
+
+def matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """``a @ b`` for 2-D ``a`` ``[M, K]`` and ``b`` ``[K, N]``, split over the kernel threads."""
+    m, k = a.shape
+    n_ = b.shape[1]
+    if out is None:
+        out = np.empty((m, n_), dtype=np.result_type(a, b))
+    threads = current_thread_count()
+    work = m * k * n_
+    if threads <= 1 or work < PARALLEL_MIN_FLOPS:
+        np.matmul(a, b, out=out)
+        return out
+    parts = min(2 * threads, max(1, work // PARALLEL_MIN_FLOPS))
+    if m >= n_:
+        cuts = _bounds(m, parts, 8)
+
+        def part(i):
+            np.matmul(a[cuts[i] : cuts[i + 1]], b, out=out[cuts[i] : cuts[i + 1]])
+
+    else:
+        cuts = _bounds(n_, parts, 16)
+
+        def part(i):
+            np.matmul(a, b[:, cuts[i] : cuts[i + 1]], out=out[:, cuts[i] : cuts[i + 1]])
+
+    parallel_for(len(cuts) - 1, part, threads)
+    return out
+
+
+def matmul_nd(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """``np.matmul(a, b)`` (any ranks, broadcast batches), split over the kernel threads.
+
+    Float products big enough to be worth it are split: a stack times one matrix
+    becomes one tall 2-D product, and a stack times a stack is shared out by batch
+    item. Anything else (integers, 1-D operands, small products) is ``np.matmul``.
+    """
+    threads = current_thread_count()
+    if (
+        threads <= 1
+        or a.ndim < 2
+        or b.ndim < 2
+        or a.dtype != b.dtype
+        or a.dtype.kind != "f"
+        or a.dtype.itemsize < 4
+    ):
+        return np.matmul(a, b)
+    k = a.shape[-1]
+    if b.shape[-2] != k:
+        return np.matmul(a, b)  # numpy raises its own error
+    rows = int(np.prod(a.shape[:-1], dtype=np.int64))
+    if rows * k * b.shape[-1] < PARALLEL_MIN_FLOPS:
+        return np.matmul(a, b)
+    if b.ndim == 2:
+        out = np.empty(a.shape[:-1] + (b.shape[1],), dtype=a.dtype)
+        matmul(a.reshape(rows, k), b, out=out.reshape(rows, b.shape[1]))
+        return out
+    try:
+        batch = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    except ValueError:
+        return np.matmul(a, b)
+    aa = np.broadcast_to(a, batch + a.shape[-2:]).reshape(-1, *a.shape[-2:])
+    bb = np.broadcast_to(b, batch + b.shape[-2:]).reshape(-1, *b.shape[-2:])
+    out = np.empty(batch + (a.shape[-2], b.shape[-1]), dtype=a.dtype)
+    ov = out.reshape(-1, a.shape[-2], b.shape[-1])
+    count = ov.shape[0]
+    if count < 2:
+        matmul(aa[0], bb[0], out=ov[0])
+        return out
+    parts = min(count, 2 * threads)
+    cuts = _bounds(count, parts)
+
+    def part(i):
+        np.matmul(aa[cuts[i] : cuts[i + 1]], bb[cuts[i] : cuts[i + 1]], out=ov[cuts[i] : cuts[i + 1]])
+
+    parallel_for(len(cuts) - 1, part, threads)
+    return out

@@ -1,0 +1,977 @@
+"""com.microsoft contrib ops, one node at a time, against onnxruntime on random inputs.
+
+Each case builds a one-node model with ``onnx.helper``, runs it on onnxrt's CPU
+provider and on onnxruntime, and compares every output: integers exactly, floats to
+1e-5 (1e-3 relative for float16), quantized outputs to within one step.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+onnx = pytest.importorskip("onnx")
+ort = pytest.importorskip("onnxruntime")
+
+import onnxrt
+from onnx import helper, numpy_helper
+
+MS = "com.microsoft"
+RNG = np.random.default_rng(2024)
+
+
+def _elem(dt) -> int:
+    return helper.np_dtype_to_tensor_dtype(np.dtype(dt))
+
+
+def _model(node, feeds, out_types, inits=None, dynamic=False):
+    inits = inits or {}
+    inputs = [
+        helper.make_tensor_value_info(
+            k, _elem(v.dtype), None if dynamic else list(v.shape)
+        )
+        for k, v in feeds.items()
+    ]
+    outputs = [
+        helper.make_tensor_value_info(n, _elem(t), None)
+        for n, t in zip(node.output, out_types)
+        if n
+    ]
+    graph = helper.make_graph(
+        [node],
+        "contrib",
+        inputs,
+        outputs,
+        [numpy_helper.from_array(v, k) for k, v in inits.items()],
+    )
+    return helper.make_model(
+        graph,
+        opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(MS, 1)],
+        ir_version=10,
+    )
+
+
+def run_both(
+    op_type,
+    inputs,
+    outputs=("y",),
+    out_types=(np.float32,),
+    inits=(),
+    threads=0,
+    **attrs,
+):
+    """Run ``op_type`` (domain com.microsoft) on onnxrt and onnxruntime.
+
+    :param inputs: ordered ``name -> array`` (``None`` for an absent optional input).
+    :param inits: names among ``inputs`` that become initializers (constants).
+    :param threads: intra-op threads for both engines (0: each engine's default).
+    """
+    names = [n if v is not None else "" for n, v in inputs.items()]
+    node = helper.make_node(
+        op_type, names, list(outputs), domain=attrs.pop("domain", MS), **attrs
+    )
+    feeds = {n: v for n, v in inputs.items() if v is not None and n not in inits}
+    model = _model(
+        node, feeds, out_types, {n: inputs[n] for n in inits}
+    ).SerializeToString()
+    ours, theirs = onnxrt.SessionOptions(), ort.SessionOptions()
+    ours.intra_op_num_threads = theirs.intra_op_num_threads = threads
+    got = onnxrt.InferenceSession(model, ours, providers=["CPUExecutionProvider"]).run(
+        None, feeds
+    )
+    exp = ort.InferenceSession(model, theirs, providers=["CPUExecutionProvider"]).run(
+        None, feeds
+    )
+    return got, exp
+
+
+def assert_same(got, exp, rtol=1e-5, atol=1e-5, step=0):
+    assert len(got) == len(exp)
+    for i, (g, e) in enumerate(zip(got, exp)):
+        g = np.asarray(g)
+        assert g.shape == e.shape, f"output {i}: shape {g.shape} != {e.shape}"
+        assert g.dtype == e.dtype, f"output {i}: dtype {g.dtype} != {e.dtype}"
+        if e.dtype.kind in "iu":
+            assert (
+                np.abs(g.astype(np.int64) - e.astype(np.int64)).max(initial=0) <= step
+            ), f"output {i}"
+        else:
+            np.testing.assert_allclose(
+                g.astype(np.float64),
+                e.astype(np.float64),
+                rtol=rtol,
+                atol=atol,
+                err_msg=f"output {i}",
+            )
+
+
+def f32(*shape, scale=1.0):
+    return (RNG.standard_normal(shape) * scale).astype(np.float32)
+
+
+# -- activations ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dt", [np.float32, np.float16])
+def test_gelu_family(dt):
+    x = f32(3, 5, 16, scale=2).astype(dt)
+    b = f32(16).astype(dt)
+    tol = (
+        {"rtol": 1e-5, "atol": 1e-5}
+        if dt == np.float32
+        else {"rtol": 1e-3, "atol": 2e-3}
+    )
+    assert_same(*run_both("Gelu", {"x": x}, out_types=[dt]), **tol)
+    assert_same(*run_both("BiasGelu", {"x": x, "b": b}, out_types=[dt]), **tol)
+    assert_same(*run_both("FastGelu", {"x": x}, out_types=[dt]), **tol)
+    assert_same(*run_both("FastGelu", {"x": x, "b": b}, out_types=[dt]), **tol)
+    assert_same(*run_both("QuickGelu", {"x": x}, out_types=[dt]), **tol)
+    assert_same(*run_both("QuickGelu", {"x": x}, out_types=[dt], alpha=1.2), **tol)
+
+
+# -- normalizations --------------------------------------------------------------------------
+
+
+def test_skip_layer_normalization_all_outputs():
+    x, skip = f32(2, 7, 32), f32(2, 7, 32)
+    g, b, bias = f32(32), f32(32), f32(32)
+    outs = ("y", "mean", "inv", "sum")
+    got, exp = run_both(
+        "SkipLayerNormalization",
+        {"x": x, "s": skip, "g": g, "b": b, "bias": bias},
+        outputs=outs,
+        out_types=[np.float32] * 4,
+        epsilon=1e-5,
+    )
+    assert_same(got, exp)
+
+
+def test_skip_layer_normalization_defaults_and_broadcast_skip():
+    x, skip, g = f32(2, 7, 32), f32(7, 32), f32(32)
+    assert_same(
+        *run_both("SkipLayerNormalization", {"x": x, "s": skip, "g": g}, inits=("g",))
+    )
+
+
+def test_skip_simplified_layer_normalization():
+    x, skip, g, bias = f32(2, 5, 16), f32(2, 5, 16), f32(16), f32(16)
+    got, exp = run_both(
+        "SkipSimplifiedLayerNormalization",
+        {"x": x, "s": skip, "g": g, "bias": bias},
+        outputs=("y", "", "inv", "sum"),
+        out_types=[np.float32] * 4,
+        epsilon=1e-6,
+    )
+    assert_same(got, exp)
+
+
+def test_simplified_layer_normalization():
+    x, g = f32(3, 4, 24), f32(24)
+    got, exp = run_both(
+        "SimplifiedLayerNormalization",
+        {"x": x, "g": g},
+        outputs=("y", "inv"),
+        out_types=[np.float32] * 2,
+        domain="",
+        epsilon=1e-6,
+    )
+    assert_same(got, exp)
+
+
+@pytest.mark.parametrize("with_segment", [True, False])
+def test_embed_layer_normalization(with_segment):
+    b, s, h = 2, 6, 16
+    ids = RNG.integers(0, 30, (b, s)).astype(np.int32)
+    seg = RNG.integers(0, 2, (b, s)).astype(np.int32)
+    mask = np.ones((b, s), np.int32)
+    mask[1, 4:] = 0
+    inputs = {
+        "ids": ids,
+        "seg": seg if with_segment else None,
+        "we": f32(30, h),
+        "pe": f32(16, h),
+        "se": f32(2, h) if with_segment else None,
+        "g": f32(h),
+        "b": f32(h),
+        "mask": mask,
+    }
+    got, exp = run_both(
+        "EmbedLayerNormalization",
+        inputs,
+        outputs=("y", "mi", "sum"),
+        out_types=[np.float32, np.int32, np.float32],
+        inits=("we", "pe", "g", "b"),
+        epsilon=1e-12,
+    )
+    assert_same(got, exp)
+    assert list(got[1]) == [6, 4]
+
+
+# -- attention -----------------------------------------------------------------------------------
+
+
+def _attention_inputs(b=2, s=5, d=16, mask=None, past=None, bias_add=None):
+    return {
+        "x": f32(b, s, d),
+        "w": f32(d, 3 * d, scale=0.3),
+        "bias": f32(3 * d),
+        "mask": mask,
+        "past": past,
+        "ab": bias_add,
+    }
+
+
+@pytest.mark.parametrize("mask_kind", ["none", "1d", "2d", "3d", "2b"])
+def test_attention_masks(mask_kind):
+    b, s = 2, 5
+    mask = {
+        "none": None,
+        "1d": np.array([5, 3], np.int32),
+        "2d": np.array([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]], np.int32),
+        "3d": (RNG.random((b, s, s)) > 0.3).astype(np.int32),
+        "2b": np.array([5, 4, 0, 1], np.int32),
+    }[mask_kind]
+    got, exp = run_both(
+        "Attention", _attention_inputs(b, s, mask=mask), inits=("w",), num_heads=4
+    )
+    assert_same(got, exp)
+
+
+def test_attention_unidirectional_with_past():
+    b, s, d, n, p = 2, 3, 16, 2, 4
+    past = f32(2, b, n, p, d // n)
+    mask = np.ones((b, p + s), np.int32)
+    mask[1, :2] = 0
+    inputs = _attention_inputs(b, s, d, mask=mask, past=past)
+    got, exp = run_both(
+        "Attention",
+        inputs,
+        outputs=("y", "present"),
+        out_types=[np.float32] * 2,
+        num_heads=n,
+        unidirectional=1,
+    )
+    assert_same(got, exp)
+    assert got[1].shape == (2, b, n, p + s, d // n)
+
+
+def test_attention_with_attention_bias():
+    b, s, d, n = 2, 5, 16, 4
+    inputs = _attention_inputs(b, s, d, bias_add=f32(1, n, s, s))
+    assert_same(*run_both("Attention", inputs, num_heads=n))
+
+
+def test_attention_qkv_hidden_sizes_and_scale():
+    x, w, bias = f32(2, 4, 12), f32(12, 8 + 8 + 16, scale=0.3), f32(32)
+    got, exp = run_both(
+        "Attention",
+        {"x": x, "w": w, "bias": bias},
+        num_heads=2,
+        qkv_hidden_sizes=[8, 8, 16],
+        scale=0.3,
+    )
+    assert_same(got, exp)
+    assert got[0].shape == (2, 4, 16)
+
+
+def test_multi_head_attention_separate_qkv_with_bias_and_padding_mask():
+    b, s, l, d, n = 2, 4, 6, 16, 4
+    mask = np.ones((b, l), np.int32)
+    mask[0, 4:] = 0
+    inputs = {
+        "q": f32(b, s, d),
+        "k": f32(b, l, d),
+        "v": f32(b, l, d),
+        "bias": f32(3 * d),
+        "m": mask,
+    }
+    got, exp = run_both(
+        "MultiHeadAttention",
+        inputs,
+        outputs=("y", "pk", "pv"),
+        out_types=[np.float32] * 3,
+        num_heads=n,
+    )
+    assert_same(got, exp)
+
+
+def test_multi_head_attention_packed_kv_and_qkv_equal_the_unpacked_form():
+    # onnxruntime's CPU provider has no packed layouts: compare with its unpacked result
+    b, s, l, n, h = 2, 5, 7, 2, 8
+    q, kv = f32(b, s, n * h), f32(b, l, n, 2, h)
+    k, v = kv[:, :, :, 0].reshape(b, l, n * h), kv[:, :, :, 1].reshape(b, l, n * h)
+    _, exp = run_both("MultiHeadAttention", {"q": q, "k": k, "v": v}, num_heads=n)
+    node = helper.make_node(
+        "MultiHeadAttention", ["q", "kv"], ["y"], domain=MS, num_heads=n
+    )
+    model = _model(node, {"q": q, "kv": kv}, [np.float32]).SerializeToString()
+    got = onnxrt.InferenceSession(model, providers=["CPUExecutionProvider"]).run(
+        None, {"q": q, "kv": kv}
+    )
+    assert_same(got, exp)
+    qkv = f32(b, s, n, 3, h)
+    q, k, v = (qkv[:, :, :, i].reshape(b, s, n * h) for i in range(3))
+    _, exp = run_both("MultiHeadAttention", {"q": q, "k": k, "v": v}, num_heads=n)
+    node = helper.make_node(
+        "MultiHeadAttention", ["qkv"], ["y"], domain=MS, num_heads=n
+    )
+    model = _model(node, {"qkv": qkv}, [np.float32]).SerializeToString()
+    got = onnxrt.InferenceSession(model, providers=["CPUExecutionProvider"]).run(
+        None, {"qkv": qkv}
+    )
+    assert_same(got, exp)
+
+
+def test_multi_head_attention_past_and_causal():
+    b, s, n, h, p = 1, 3, 2, 8, 5
+    inputs = {
+        "q": f32(b, s, n * h),
+        "k": f32(b, s, n * h),
+        "v": f32(b, s, n * h),
+        "bias": None,
+        "m": None,
+        "ab": f32(1, n, s, p + s),
+        "pk": f32(b, n, p, h),
+        "pv": f32(b, n, p, h),
+    }
+    got, exp = run_both(
+        "MultiHeadAttention",
+        inputs,
+        outputs=("y", "k2", "v2"),
+        out_types=[np.float32] * 3,
+        num_heads=n,
+        unidirectional=1,
+    )
+    assert_same(got, exp)
+
+
+@pytest.mark.parametrize("interleaved", [0, 1])
+@pytest.mark.parametrize("layout", ["3d", "4d"])
+def test_rotary_embedding(interleaved, layout):
+    b, s, n, h, maxp = 2, 5, 2, 16, 32
+    x = f32(b, s, n * h) if layout == "3d" else f32(b, n, s, h)
+    pos = RNG.integers(0, maxp - s, (b, s)).astype(np.int64)
+    ang = RNG.random((maxp, h // 2)).astype(np.float32) * 6
+    got, exp = run_both(
+        "RotaryEmbedding",
+        {"x": x, "pos": pos, "cos": np.cos(ang), "sin": np.sin(ang)},
+        interleaved=interleaved,
+        num_heads=n if layout == "3d" else 0,
+    )
+    assert_same(got, exp)
+
+
+def test_rotary_embedding_partial_dim_and_scalar_position():
+    b, s, n, h = 2, 4, 2, 16
+    ang = RNG.random((16, 4)).astype(np.float32) * 6
+    inputs = {
+        "x": f32(b, s, n * h),
+        "pos": np.array([3], np.int64),
+        "cos": np.cos(ang),
+        "sin": np.sin(ang),
+    }
+    got, exp = run_both("RotaryEmbedding", inputs, num_heads=n, rotary_embedding_dim=8)
+    assert_same(got, exp)
+
+
+# -- MatMulNBits ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "bits,zp_kind,k",
+    [
+        (4, "packed", 64),
+        (4, "none", 80),
+        (8, "packed", 64),
+        (4, "float", 64),
+        (2, "packed", 64),
+    ],
+)
+def test_matmul_nbits(bits, zp_kind, k):
+    n, block = 12, 32
+    kb = -(-k // block)
+    blob = block * bits // 8
+    bq = RNG.integers(0, 256, (n, kb, blob)).astype(np.uint8)
+    scales = (RNG.random((n, kb)) * 0.1 + 0.01).astype(np.float32)
+    zp = None
+    if zp_kind == "packed":
+        zp = RNG.integers(0, 256, (n, -(-kb * bits // 8))).astype(np.uint8)
+    elif zp_kind == "float":
+        zp = RNG.integers(0, 16, (n, kb)).astype(np.float32)
+    inputs = {
+        "a": f32(3, 2, k),
+        "b": bq,
+        "s": scales,
+        "zp": zp,
+        "g": None,
+        "bias": f32(n),
+    }
+    inits = tuple(x for x in ("b", "s", "zp") if inputs[x] is not None)
+    got, exp = run_both(
+        "MatMulNBits", inputs, inits=inits, K=k, N=n, bits=bits, block_size=block
+    )
+    assert_same(got, exp, rtol=1e-4, atol=1e-4)
+
+
+# -- fused Conv / Gemm -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "act,params",
+    [
+        ("Relu", []),
+        ("LeakyRelu", [0.2]),
+        ("Clip", [-0.5, 0.7]),
+        ("HardSigmoid", [0.3, 0.4]),
+        ("Sigmoid", []),
+        ("Tanh", []),
+    ],
+)
+def test_fused_conv(act, params):
+    x, w, b, z = f32(2, 4, 9, 9), f32(6, 4, 3, 3), f32(6), f32(2, 6, 9, 9)
+    extra = {"activation_params": params} if params else {}
+    got, exp = run_both(
+        "FusedConv",
+        {"x": x, "w": w, "b": b, "z": z},
+        inits=("w",),
+        activation=act,
+        pads=[1, 1, 1, 1],
+        **extra,
+    )
+    assert_same(got, exp, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize(
+    "act,attrs",
+    [
+        ("Relu", {}),
+        ("LeakyRelu", {"activation_alpha": 0.1}),
+        ("HardSigmoid", {"activation_alpha": 0.25, "activation_beta": 0.4}),
+    ],
+)
+def test_fused_gemm(act, attrs):
+    a, b, c = f32(5, 8), f32(6, 8), f32(6)
+    got, exp = run_both(
+        "FusedGemm",
+        {"a": a, "b": b, "c": c},
+        inits=("b",),
+        activation=act,
+        transB=1,
+        alpha=0.7,
+        beta=1.5,
+        **attrs,
+    )
+    assert_same(got, exp)
+
+
+# -- quantized ops ----------------------------------------------------------------------------
+
+
+def q8(dt, *shape):
+    lo, hi = (0, 256) if dt == np.uint8 else (-128, 128)
+    return RNG.integers(lo, hi, shape).astype(dt)
+
+
+def _qparams(dt, scale):
+    return np.array(scale, np.float32), np.array(128 if dt == np.uint8 else 3, dt)
+
+
+@pytest.mark.parametrize("dt", [np.uint8, np.int8])
+@pytest.mark.parametrize("op_type", ["QLinearAdd", "QLinearMul"])
+def test_qlinear_binary(op_type, dt):
+    sa, za = _qparams(dt, 0.05)
+    sb, zb = _qparams(dt, 0.02)
+    sc, zc = _qparams(dt, 0.08 if op_type == "QLinearAdd" else 0.03)
+    inputs = {
+        "a": q8(dt, 2, 3, 8),
+        "sa": sa,
+        "za": za,
+        "b": q8(dt, 3, 1),
+        "sb": sb,
+        "zb": zb,
+        "sc": sc,
+        "zc": zc,
+    }
+    got, exp = run_both(
+        op_type, inputs, out_types=[dt], inits=("sa", "za", "sb", "zb", "sc", "zc")
+    )
+    assert_same(got, exp, step=1)
+
+
+@pytest.mark.parametrize("dt", [np.uint8, np.int8])
+@pytest.mark.parametrize(
+    "op_type,attrs", [("QLinearSigmoid", {}), ("QLinearLeakyRelu", {"alpha": 0.15})]
+)
+def test_qlinear_lookup(op_type, attrs, dt):
+    sx, zx = _qparams(dt, 0.06)
+    sy, zy = _qparams(dt, 1 / 256 if op_type == "QLinearSigmoid" else 0.05)
+    inputs = {"x": q8(dt, 4, 33), "sx": sx, "zx": zx, "sy": sy, "zy": zy}
+    got, exp = run_both(
+        op_type, inputs, out_types=[dt], inits=("sx", "zx", "sy", "zy"), **attrs
+    )
+    assert_same(got, exp, step=1)
+
+
+@pytest.mark.parametrize("dt", [np.uint8, np.int8])
+def test_qlinear_softmax(dt):
+    sx, zx = _qparams(dt, 0.1)
+    sy = np.array(1 / 256, np.float32)
+    zy = np.array(0 if dt == np.uint8 else -128, dt)
+    inputs = {"x": q8(dt, 3, 4, 10), "sx": sx, "zx": zx, "sy": sy, "zy": zy}
+    got, exp = run_both(
+        "QLinearSoftmax",
+        inputs,
+        out_types=[dt],
+        inits=("sx", "zx", "sy", "zy"),
+        opset=13,
+        axis=-1,
+    )
+    assert_same(got, exp, step=1)
+
+
+def test_qlinear_concat_requantizes_each_input():
+    dt = np.uint8
+    inputs = {
+        "sy": np.array(0.05, np.float32),
+        "zy": np.array(120, dt),
+        "a": q8(dt, 2, 3, 4),
+        "sa": np.array(0.05, np.float32),
+        "za": np.array(120, dt),
+        "b": q8(dt, 2, 5, 4),
+        "sb": np.array(0.11, np.float32),
+        "zb": np.array(100, dt),
+    }
+    got, exp = run_both(
+        "QLinearConcat",
+        inputs,
+        out_types=[dt],
+        inits=("sy", "zy", "sa", "za", "sb", "zb"),
+        axis=1,
+    )
+    assert_same(got, exp, step=1)
+
+
+@pytest.mark.parametrize("channels_last", [0, 1])
+def test_qlinear_global_average_pool(channels_last):
+    dt = np.uint8
+    sx, zx = _qparams(dt, 0.04)
+    sy, zy = _qparams(dt, 0.01)
+    inputs = {"x": q8(dt, 2, 5, 6, 7), "sx": sx, "zx": zx, "sy": sy, "zy": zy}
+    got, exp = run_both(
+        "QLinearGlobalAveragePool",
+        inputs,
+        out_types=[dt],
+        inits=("sx", "zx", "sy", "zy"),
+        channels_last=channels_last,
+    )
+    assert_same(got, exp, step=1)
+
+
+@pytest.mark.parametrize("include_pad", [0, 1])
+def test_qlinear_average_pool(include_pad):
+    dt = np.uint8
+    sx, zx = _qparams(dt, 0.04)
+    sy, zy = _qparams(dt, 0.03)
+    inputs = {"x": q8(dt, 1, 3, 8, 8), "sx": sx, "zx": zx, "sy": sy, "zy": zy}
+    got, exp = run_both(
+        "QLinearAveragePool",
+        inputs,
+        out_types=[dt],
+        inits=("sx", "zx", "sy", "zy"),
+        kernel_shape=[3, 3],
+        strides=[2, 2],
+        pads=[1, 1, 1, 1],
+        count_include_pad=include_pad,
+    )
+    assert_same(got, exp, step=1)
+
+
+@pytest.mark.parametrize("quantized_out", [True, False])
+def test_qgemm(quantized_out):
+    m, k, n = 5, 40, 7
+    inputs = {
+        "a": q8(np.uint8, m, k),
+        "sa": np.array(0.02, np.float32),
+        "za": np.array(130, np.uint8),
+        "b": q8(np.int8, n, k),
+        "sb": (RNG.random(n) * 0.02 + 0.01).astype(np.float32),
+        "zb": np.zeros(n, np.int8),
+        "c": RNG.integers(-5000, 5000, n).astype(np.int32),
+        "sy": np.array(0.5, np.float32) if quantized_out else None,
+        "zy": np.array(128, np.uint8) if quantized_out else None,
+    }
+    out = np.uint8 if quantized_out else np.float32
+    got, exp = run_both(
+        "QGemm",
+        inputs,
+        out_types=[out],
+        inits=("b", "sb", "zb", "c"),
+        transB=1,
+        alpha=1.0,
+    )
+    assert_same(got, exp, step=1, rtol=1e-5, atol=1e-4)
+
+
+def test_matmul_integer_to_float_per_column():
+    a = q8(np.uint8, 2, 3, 20)
+    b = q8(np.int8, 20, 6)
+    inputs = {
+        "a": a,
+        "b": b,
+        "sa": np.array(0.03, np.float32),
+        "sb": (RNG.random(6) * 0.1).astype(np.float32),
+        "za": np.array(7, np.uint8),
+        "zb": None,
+        "bias": f32(6),
+    }
+    got, exp = run_both("MatMulIntegerToFloat", inputs, inits=("b", "sb", "bias"))
+    assert_same(got, exp, rtol=1e-5, atol=1e-5)
+
+
+def test_dynamic_quantize_matmul():
+    inputs = {
+        "a": f32(4, 32),
+        "b": q8(np.int8, 32, 10),
+        "sb": np.array(0.02, np.float32),
+        "zb": np.array(0, np.int8),
+        "bias": f32(10),
+    }
+    got, exp = run_both(
+        "DynamicQuantizeMatMul", inputs, inits=("b", "sb", "zb", "bias")
+    )
+    assert_same(got, exp, rtol=1e-5, atol=1e-5)
+
+
+def test_ms_quantize_dequantize_linear():
+    x = f32(3, 8)
+    s, z = np.array(0.05, np.float32), np.array(10, np.uint8)
+    got, exp = run_both(
+        "QuantizeLinear",
+        {"x": x, "s": s, "z": z},
+        out_types=[np.uint8],
+        inits=("s", "z"),
+    )
+    assert_same(got, exp)
+    q = q8(np.int8, 3, 8)
+    got, exp = run_both(
+        "DequantizeLinear",
+        {"x": q, "s": s, "z": np.array(-3, np.int8)},
+        inits=("s", "z"),
+    )
+    assert_same(got, exp)
+
+
+# -- bad input gets a typed error -------------------------------------------------------------
+
+
+def _session(op_type, inputs, out_type=np.float32, **attrs):
+    node = helper.make_node(op_type, list(inputs), ["y"], domain=MS, **attrs)
+    model = _model(node, inputs, [out_type], dynamic=True)
+    return onnxrt.InferenceSession(
+        model.SerializeToString(), providers=["CPUExecutionProvider"]
+    )
+
+
+def test_errors_are_typed_and_name_the_problem():
+    sess = _session(
+        "SkipLayerNormalization", {"x": f32(2, 3, 8), "s": f32(2, 3, 8), "g": f32(8)}
+    )
+    with pytest.raises(onnxrt.OnnxRtError, match="gamma"):
+        sess.run(None, {"x": f32(2, 3, 8), "s": f32(2, 3, 8), "g": f32(7)})
+    sess = _session(
+        "EmbedLayerNormalization",
+        {
+            "ids": np.zeros((1, 3), np.int32),
+            "seg": np.zeros((1, 3), np.int32),
+            "we": f32(5, 4),
+            "pe": f32(5, 4),
+            "se": f32(2, 4),
+            "g": f32(4),
+            "b": f32(4),
+        },
+    )
+    feeds = {
+        "ids": np.array([[1, 9, 2]], np.int32),
+        "seg": np.zeros((1, 3), np.int32),
+        "we": f32(5, 4),
+        "pe": f32(5, 4),
+        "se": f32(2, 4),
+        "g": f32(4),
+        "b": f32(4),
+    }
+    with pytest.raises(onnxrt.InvalidArgument, match="input_ids"):
+        sess.run(None, feeds)
+    sess = _session(
+        "QLinearAdd",
+        {
+            "a": q8(np.uint8, 4),
+            "sa": np.array(0.1, np.float32),
+            "za": np.array(1, np.uint8),
+            "b": q8(np.uint8, 4),
+            "sb": np.array([0.1, 0.2], np.float32),
+            "zb": np.array(1, np.uint8),
+            "sc": np.array(0.1, np.float32),
+        },
+        np.uint8,
+    )
+    with pytest.raises(onnxrt.OnnxRtError, match="B_scale"):
+        sess.run(
+            None,
+            {
+                "a": q8(np.uint8, 4),
+                "sa": np.array(0.1, np.float32),
+                "za": np.array(1, np.uint8),
+                "b": q8(np.uint8, 4),
+                "sb": np.array([0.1, 0.2], np.float32),
+                "zb": np.array(1, np.uint8),
+                "sc": np.array(0.1, np.float32),
+            },
+        )
+
+
+def test_unsupported_fused_activation_is_refused_when_the_session_is_built():
+    node = helper.make_node(
+        "FusedConv", ["x", "w"], ["y"], domain=MS, activation="Softplus"
+    )
+    model = _model(node, {"x": f32(1, 2, 4, 4)}, [np.float32], {"w": f32(3, 2, 1, 1)})
+    with pytest.raises(onnxrt.NotImplemented, match="Softplus"):
+        onnxrt.InferenceSession(
+            model.SerializeToString(), providers=["CPUExecutionProvider"]
+        )
+
+
+# -- a BERT-like model rewritten into contrib ops by onnxruntime's transformer optimizer ----------
+
+BERT = (
+    __import__("pathlib").Path(__file__).resolve().parent.parent
+    / "models"
+    / "data"
+    / "bert_tiny.onnx"
+)
+
+
+def _bert_feeds(seed=0, batch=3, seq=10):
+    rng = np.random.default_rng(seed)
+    mask = np.ones((batch, seq), np.int64)
+    mask[1, seq - 3 :] = 0
+    types = np.zeros((batch, seq), np.int64)
+    types[:, seq // 2 :] = 1
+    return {
+        "input_ids": rng.integers(0, 120, (batch, seq)).astype(np.int64),
+        "attention_mask": mask,
+        "token_type_ids": types,
+    }
+
+
+@pytest.mark.parametrize("gelu_approximation", [False, True])
+def test_bert_optimized_into_contrib_ops_matches_onnxruntime(
+    gelu_approximation, tmp_path
+):
+    import logging
+
+    from onnxruntime.transformers.fusion_options import FusionOptions
+    from onnxruntime.transformers.optimizer import optimize_model
+
+    logging.disable(logging.WARNING)
+    try:
+        opts = FusionOptions("bert")
+        opts.enable_gelu_approximation = gelu_approximation
+        opt = optimize_model(
+            str(BERT),
+            model_type="bert",
+            num_heads=2,
+            hidden_size=32,
+            opt_level=0,
+            optimization_options=opts,
+        )
+    finally:
+        logging.disable(logging.NOTSET)
+    path = tmp_path / "bert_opt.onnx"
+    opt.save_model_to_file(str(path))
+    ops = {n.op_type for n in opt.model.graph.node if n.domain == MS}
+    gelu = "FastGelu" if gelu_approximation else "BiasGelu"
+    assert {
+        "Attention",
+        "SkipLayerNormalization",
+        "EmbedLayerNormalization",
+        gelu,
+    } <= ops, ops
+    names = {i.name for i in opt.model.graph.input}
+    feeds = {k: v for k, v in _bert_feeds().items() if k in names}
+    got = onnxrt.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(
+        None, feeds
+    )
+    exp = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(
+        None, feeds
+    )
+    assert_same(got, exp, rtol=1e-3, atol=1e-3)
+    # the rewrite keeps the meaning: the plain export gives the same on onnxrt
+    plain = onnxrt.InferenceSession(str(BERT), providers=["CPUExecutionProvider"]).run(
+        None, _bert_feeds()
+    )
+    tol = 2e-3 if gelu_approximation else 1e-4
+    np.testing.assert_allclose(got[0], plain[0], rtol=tol, atol=tol)
+
+
+# -- DynamicQuantizeLSTM --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "direction,per_column,threads",
+    [
+        ("forward", False, 1),
+        ("forward", False, 2),
+        ("bidirectional", True, 2),
+        ("reverse", True, 3),
+    ],
+)
+def test_dynamic_quantize_lstm(direction, per_column, threads):
+    # onnxruntime quantizes the hidden state in groups of ceil(batch / threads) rows:
+    # at equal thread counts the two engines agree to float32 rounding
+    d = 2 if direction == "bidirectional" else 1
+    s, b, i, h = 6, 5, 10, 8
+    w = q8(np.int8, d, i, 4 * h)
+    r = q8(np.int8, d, h, 4 * h)
+    shape = (d, 4 * h) if per_column else (d,)
+    ws, rs = (
+        (RNG.random(shape) * 0.02 + 0.01).astype(np.float32),
+        (RNG.random(shape) * 0.02 + 0.01).astype(np.float32),
+    )
+    wz, rz = np.zeros(shape, np.int8), np.zeros(shape, np.int8)
+    bias = f32(d, 8 * h, scale=0.1)
+    x = f32(s, b, i)
+    inputs = {
+        "x": x,
+        "w": w,
+        "r": r,
+        "b": bias,
+        "sl": None,
+        "h0": None,
+        "c0": None,
+        "p": None,
+        "ws": ws,
+        "wz": wz,
+        "rs": rs,
+        "rz": rz,
+    }
+    got, exp = run_both(
+        "DynamicQuantizeLSTM",
+        inputs,
+        outputs=("y", "yh", "yc"),
+        out_types=[np.float32] * 3,
+        inits=("w", "r", "b", "ws", "wz", "rs", "rz"),
+        hidden_size=h,
+        direction=direction,
+        threads=threads,
+    )
+    assert_same(got, exp, rtol=1e-5, atol=1e-5)
+
+
+def test_bert_optimized_then_dynamically_quantized(tmp_path):
+    # onnxruntime's BERT recipe: optimize_model, then quantize_dynamic, which writes
+    # QAttention and QEmbedLayerNormalization
+    import logging
+
+    from onnxruntime.quantization import quantize_dynamic
+    from onnxruntime.transformers.optimizer import optimize_model
+
+    logging.disable(logging.WARNING)
+    try:
+        opt = optimize_model(
+            str(BERT), model_type="bert", num_heads=2, hidden_size=32, opt_level=0
+        )
+        opt.save_model_to_file(str(tmp_path / "opt.onnx"))
+        path = tmp_path / "bert_int8.onnx"
+        quantize_dynamic(
+            str(tmp_path / "opt.onnx"),
+            str(path),
+            extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT},
+        )
+    finally:
+        logging.disable(logging.NOTSET)
+    ops = {n.op_type for n in onnx.load(str(path)).graph.node}
+    assert {"QAttention", "QEmbedLayerNormalization", "MatMulInteger"} <= ops, ops
+    names = {i.name for i in onnx.load(str(path)).graph.input}
+    feeds = {k: v for k, v in _bert_feeds(seed=3).items() if k in names}
+    got = onnxrt.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(
+        None, feeds
+    )
+    exp = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(
+        None, feeds
+    )
+    assert_same(got, exp, rtol=1e-3, atol=1e-3)
+
+
+def test_dynamic_quantize_lstm_ragged_batch_is_the_lstm_of_the_dequantized_weights():
+    # ragged sequence_lens take the float path: exactly ONNX LSTM on dequantized weights
+    d, s, b, i, h = 1, 5, 3, 6, 4
+    w, r = q8(np.int8, d, i, 4 * h), q8(np.int8, d, h, 4 * h)
+    ws, rs, z = (
+        np.array([0.02], np.float32),
+        np.array([0.03], np.float32),
+        np.zeros(1, np.int8),
+    )
+    x, lens = f32(s, b, i), np.array([5, 2, 4], np.int32)
+    inputs = {
+        "x": x,
+        "w": w,
+        "r": r,
+        "b": None,
+        "sl": lens,
+        "h0": None,
+        "c0": None,
+        "p": None,
+        "ws": ws,
+        "wz": z,
+        "rs": rs,
+        "rz": z,
+    }
+    node = helper.make_node(
+        "DynamicQuantizeLSTM",
+        [k if v is not None else "" for k, v in inputs.items()],
+        ["y", "yh"],
+        domain=MS,
+        hidden_size=h,
+    )
+    feeds = {"x": x, "sl": lens}
+    model = _model(
+        node,
+        feeds,
+        [np.float32] * 2,
+        {k: v for k, v in inputs.items() if v is not None and k not in feeds},
+    )
+    got = onnxrt.InferenceSession(
+        model.SerializeToString(), providers=["CPUExecutionProvider"]
+    ).run(None, feeds)
+    deq = lambda q, sc: (q.astype(np.float32) * sc).transpose(0, 2, 1)
+    lstm = helper.make_node(
+        "LSTM", ["x", "w", "r", "", "sl"], ["y", "yh"], hidden_size=h
+    )
+    ref_model = _model(
+        lstm, feeds, [np.float32] * 2, {"w": deq(w, ws), "r": deq(r, rs)}
+    )
+    exp = ort.InferenceSession(
+        ref_model.SerializeToString(), providers=["CPUExecutionProvider"]
+    ).run(None, feeds)
+    assert_same(got, exp, rtol=1e-4, atol=1e-5)
+    assert not got[0][2:, 0, 1].any()  # steps past a row's length are zero
+
+
+@pytest.mark.parametrize("per_column", [False, True])
+def test_qattention(per_column):
+    b, s, d, n = 2, 5, 16, 4
+    scale_shape = (3 * d,) if per_column else ()
+    inputs = {
+        "x": q8(np.uint8, b, s, d),
+        "w": q8(np.int8, d, 3 * d),
+        "bias": f32(3 * d),
+        "xs": np.array(0.02, np.float32),
+        "wsc": (RNG.random(scale_shape) * 0.01 + 0.005).astype(np.float32),
+        "mask": np.array([5, 3], np.int32),
+        "xz": np.array(120, np.uint8),
+        "wz": np.zeros(scale_shape, np.int8),
+    }
+    got, exp = run_both(
+        "QAttention", inputs, inits=("w", "bias", "wsc", "wz"), num_heads=n
+    )
+    assert_same(got, exp, rtol=1e-4, atol=1e-5)
