@@ -97,15 +97,10 @@ def transformer_registry() -> TransformerRegistry:
     global _registry
     if _registry is None:
         reg = TransformerRegistry()
-        from . import basic
+        from . import basic, fusions
 
         basic.register(reg)
-        try:
-            from . import fusions
-
-            fusions.register(reg)
-        except ImportError:  # pragma: no cover - optional module
-            pass
+        fusions.register(reg)
         from ..plugins import plugin_manager
 
         plugin_manager().hook.onnxrt_register_transformers(registry=reg)

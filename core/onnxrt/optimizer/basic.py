@@ -3,7 +3,9 @@
 - ``constant_folding``: nodes whose inputs are all constants run once, with the
   CPU provider's kernels, and become initializers (random ops excepted, and no
   result larger than the session's allocation cap).
-- ``shape_folding``: ``Shape``/``Size`` of a value whose shape is static become constants.
+- ``shape_folding``: ``Shape``/``Size`` of a value whose shape is static become constants;
+  shapes are inferred again first where free-dimension overrides or folded constants
+  may have made more of them static.
 - ``eliminate_identity``, ``eliminate_dropout``: these do nothing at inference.
 - ``eliminate_noop``: Cast to the same type, Reshape/Expand to the same static shape.
 - ``dead_node_elimination``: nodes whose outputs nobody reads, and unused initializers.
@@ -118,10 +120,88 @@ def eliminate_noop(graph, ctx) -> bool:
     return _bypass(graph, ok)
 
 
+def _is_static(tp) -> bool:
+    from ..types import shape_of
+
+    if tp is None or tp.WhichOneof("value") != "tensor_type":
+        return False
+    shape = shape_of(tp)
+    return shape is not None and all(isinstance(d, int) for d in shape)
+
+
+#: initializers larger than this travel to shape inference as typed inputs, not data
+_INFER_CONST_LIMIT = 4096
+
+
+def refresh_shapes(graph) -> bool:
+    """Infer value shapes again from the graph's current input types and constants.
+
+    The session infers shapes once, before free-dimension overrides fix input
+    dimensions and before constant folding turns computed shapes into constants;
+    inferring again makes those dimensions static, so ``Shape`` of them folds.
+    Known types are only ever made more precise. Returns whether any type changed.
+    """
+    import onnx
+    from onnx import helper, numpy_helper
+
+    from ..types import shape_of
+
+    gp = onnx.GraphProto(name=graph.name)
+    gp.node.extend(n.to_proto() for n in graph.nodes)
+    gp.input.extend(graph.inputs)
+    gp.output.extend(graph.outputs)
+    listed = set(graph.input_names())
+    for name, arr in graph.initializers.items():
+        if name in listed:
+            continue
+        arr = np.asarray(arr)
+        if arr.size <= _INFER_CONST_LIMIT:
+            gp.initializer.append(numpy_helper.from_array(arr, name))
+        else:
+            gp.input.append(helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(arr.dtype),
+                                                          list(arr.shape)))
+    model = helper.make_model(gp, opset_imports=[helper.make_opsetid(d, v) for d, v in graph.opsets.items()],
+                              ir_version=10)
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model, check_type=False, strict_mode=False, data_prop=True)
+    except Exception as e:  # noqa: BLE001 - the shapes already known stay
+        logger.debug("shape inference again failed: %s", e)
+        return False
+
+    def known(tp):
+        s = shape_of(tp) if tp is not None and tp.WhichOneof("value") == "tensor_type" else None
+        return -1 if s is None else sum(isinstance(d, int) for d in s)
+
+    changed = False
+    for vi in list(inferred.graph.value_info) + list(inferred.graph.output):
+        if not vi.HasField("type") or vi.type.WhichOneof("value") != "tensor_type":
+            continue
+        old = graph.value_types.get(vi.name)
+        if old is None:
+            graph.value_types[vi.name] = vi.type
+            changed = True
+        elif old.WhichOneof("value") == "tensor_type" and known(vi.type) > known(old):
+            old_shape, new_shape = shape_of(old), shape_of(vi.type)
+            if old_shape is not None and (len(old_shape) != len(new_shape) or any(
+                    isinstance(a, int) and a != b for a, b in zip(old_shape, new_shape))):
+                continue
+            # in place: kernel lookups hold these very objects
+            old.CopyFrom(vi.type)
+            changed = True
+    return changed
+
+
 def shape_folding(graph, ctx) -> bool:
     """Replace Shape/Size of statically shaped values by constants."""
     from ..types import shape_of
 
+    key = (len(graph.nodes), len(graph.initializers))
+    if graph.parent is None and getattr(graph, "_shapes_refreshed_at", None) != key:
+        # later transforms (fusions included) match on shapes: keep them as precise as
+        # the graph allows, once per change of the graph
+        graph._shapes_refreshed_at = key
+        if any(not _is_static(graph.value_types.get(o)) for n in graph.nodes for o in n.outputs if o):
+            refresh_shapes(graph)
     changed = False
     keep = []
     for n in graph.nodes:
@@ -175,6 +255,10 @@ def constant_folding(graph, ctx) -> bool:
             logger.debug("constant folding skipped %s: %s", n.name, e)
             keep.append(n)
             continue
+        if not isinstance(results, (tuple, list)):
+            results = (results,)
+        # a kernel may hand back a 0-d result as a numpy scalar
+        results = [np.asarray(r) if isinstance(r, np.generic) else r for r in results]
         if not all(isinstance(r, np.ndarray) for r, o in zip(results, n.outputs) if o):
             keep.append(n)
             continue

@@ -1,0 +1,157 @@
+"""Exact weight rewrites: fold BatchNormalization, a per-channel Add and a per-channel
+Mul into the Conv before them, and MatMul + Add into Gemm.
+
+These change constants, not what is computed, so they are provider independent and
+run at level 1, before partitioning, as onnxruntime's ConvBNFusion, ConvAddFusion,
+ConvMulFusion and MatMulAddFusion do. Folding is done in float64 and rounded once
+to the weights' type.
+
+- ``conv_bn_fusion``: ``BN(Conv(x, W, b))`` -> ``Conv(x, W * f, (b - mean) * f + beta)``
+  with ``f = scale / sqrt(var + eps)`` per output channel.
+- ``conv_add_fusion``: ``Conv(x, W, b) + c`` with a constant ``c`` holding one value per
+  output channel (shape ``[M, 1, 1]``, ``[1, M, 1, 1]``...) -> ``Conv(x, W, b + c)``.
+- ``conv_mul_fusion``: ``Conv(x, W, b) * s`` likewise -> ``Conv(x, W * s, b * s)``.
+- ``matmul_add_fusion``: ``MatMul(A, B) + C`` with 2-D ``A`` and ``B`` and ``C``
+  broadcastable to the product -> ``Gemm(A, B, C)``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from onnx import TensorProto
+
+from .patterns import GraphView
+
+__all__ = ["conv_add_fusion", "conv_bn_fusion", "conv_mul_fusion", "matmul_add_fusion"]
+
+_FLOATS = {TensorProto.FLOAT, TensorProto.DOUBLE, TensorProto.FLOAT16}
+
+
+def _foldable_conv(view: GraphView, name: str):
+    """The Conv producing ``name`` if its weight (and bias) are float constants."""
+    conv = view.producer(name, "Conv")
+    if conv is None or len(conv.inputs) < 2 or conv.outputs[0] != name:
+        return None
+    w = view.const(conv.inputs[1])
+    if w is None or w.dtype.kind != "f" or w.ndim < 3:
+        return None
+    if len(conv.inputs) > 2 and conv.inputs[2] and view.const(conv.inputs[2]) is None:
+        return None
+    return conv
+
+
+def _conv_params(view: GraphView, conv):
+    w = view.const(conv.inputs[1])
+    b = view.const(conv.inputs[2]) if len(conv.inputs) > 2 and conv.inputs[2] else None
+    if b is None:
+        b = np.zeros(w.shape[0], w.dtype)
+    return w, b
+
+
+def _rewritten_conv(view: GraphView, conv, w: np.ndarray, b: np.ndarray, dtype, output: str):
+    """A copy of ``conv`` with new weights and bias, writing ``output``."""
+    wn = view.add_constant(conv.inputs[1] + "_folded", w.astype(dtype))
+    bn = view.add_constant((conv.inputs[2] if len(conv.inputs) > 2 and conv.inputs[2] else conv.name + "_B")
+                           + "_folded", b.astype(dtype))
+    new = view.make_node("Conv", [conv.inputs[0], wn, bn], [output], conv.name)
+    new.attrs = dict(conv.attrs)
+    new.opset = conv.opset
+    return new
+
+
+def _per_channel(view: GraphView, name: str, m: int, rank: int) -> np.ndarray | None:
+    """``name`` as a length-``m`` vector if it is a constant varying only along axis 1
+    of a rank-``rank`` tensor (or a single value)."""
+    c = view.const(name)
+    if c is None or c.dtype.kind != "f" or c.ndim > rank:
+        return None
+    shape = (1,) * (rank - c.ndim) + c.shape
+    if any(d != 1 for i, d in enumerate(shape) if i != 1) or shape[1] not in (1, m):
+        return None
+    return np.broadcast_to(c.reshape(-1), (m,)).astype(np.float64)
+
+
+def conv_bn_fusion(graph, ctx) -> bool:
+    """Fold an inference BatchNormalization into the Conv before it."""
+    view = GraphView(graph, ctx)
+    for bn in list(graph.nodes):
+        if bn.op_type != "BatchNormalization" or bn.domain != "" or not view.free(bn):
+            continue
+        if len(bn.inputs) != 5 or any(o for o in bn.outputs[1:]) or bn.attr("training_mode", 0):
+            continue
+        conv = _foldable_conv(view, bn.inputs[0])
+        if conv is None:
+            continue
+        params = [view.const(i) for i in bn.inputs[1:]]
+        w, b = _conv_params(view, conv)
+        m = w.shape[0]
+        if any(p is None or p.shape != (m,) or p.dtype.kind != "f" for p in params):
+            continue
+        scale, beta, mean, var = (p.astype(np.float64) for p in params)
+        f = scale / np.sqrt(var + float(bn.attr("epsilon", 1e-5)))
+        w2 = w.astype(np.float64) * f.reshape((m,) + (1,) * (w.ndim - 1))
+        b2 = (b.astype(np.float64) - mean) * f + beta
+        view.replace([conv, bn], [_rewritten_conv(view, conv, w2, b2, w.dtype, bn.outputs[0])])
+    return view.finish()
+
+
+def _conv_binary(op_type: str, combine):
+    def fuse(graph, ctx) -> bool:
+        view = GraphView(graph, ctx)
+        for node in list(graph.nodes):
+            if node.op_type != op_type or node.domain != "" or len(node.inputs) != 2 or not view.free(node):
+                continue
+            for side in (0, 1):
+                conv = _foldable_conv(view, node.inputs[side])
+                if conv is None:
+                    continue
+                w, b = _conv_params(view, conv)
+                c = _per_channel(view, node.inputs[1 - side], w.shape[0], w.ndim)
+                if c is None or view.const(node.inputs[1 - side]).dtype != w.dtype:
+                    continue
+                w2, b2 = combine(w.astype(np.float64), b.astype(np.float64), c)
+                view.replace([conv, node], [_rewritten_conv(view, conv, w2, b2, w.dtype, node.outputs[0])])
+                break
+        return view.finish()
+
+    return fuse
+
+
+conv_add_fusion = _conv_binary("Add", lambda w, b, c: (w, b + c))
+conv_add_fusion.__doc__ = "Fold a constant per-channel Add into the Conv before it."
+conv_mul_fusion = _conv_binary(
+    "Mul", lambda w, b, s: (w * s.reshape((-1,) + (1,) * (w.ndim - 1)), b * s))
+conv_mul_fusion.__doc__ = "Fold a constant per-channel Mul into the Conv before it."
+
+
+def matmul_add_fusion(graph, ctx) -> bool:
+    """``MatMul(A, B) + C`` on 2-D operands -> ``Gemm(A, B, C)``."""
+    view = GraphView(graph, ctx)
+    for mm in list(graph.nodes):
+        if mm.op_type != "MatMul" or mm.domain != "" or not view.free(mm):
+            continue
+        a_shape, b_shape = view.shape(mm.inputs[0]), view.shape(mm.inputs[1])
+        if a_shape is None or b_shape is None or len(a_shape) != 2 or len(b_shape) != 2:
+            continue
+        if view.elem_type(mm.inputs[0]) not in _FLOATS:
+            continue
+        add = view.only_reader(mm.outputs[0], "Add")
+        if add is None or len(add.inputs) != 2:
+            continue
+        c = add.inputs[1] if add.inputs[0] == mm.outputs[0] else add.inputs[0]
+        if c == mm.outputs[0]:
+            continue
+        c_shape = view.shape(c)
+        if c_shape is None or view.elem_type(c) != view.elem_type(mm.inputs[0]):
+            continue
+        # Gemm broadcasts C one way only: to [M, N], never the product to C's shape
+        want = [a_shape[0], b_shape[1]]
+        if len(c_shape) > 2 or not all(d == 1 or (d is not None and d == t)
+                                       for d, t in zip(c_shape[::-1], want[::-1])):
+            continue
+        if graph.opsets.get("", 1) < 11:
+            continue
+        gemm = view.make_node("Gemm", [mm.inputs[0], mm.inputs[1], c], [add.outputs[0]], mm.name)
+        gemm.opset = graph.opsets.get("", 1)
+        view.replace([mm, add], [gemm])
+    return view.finish()

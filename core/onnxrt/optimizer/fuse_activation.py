@@ -1,0 +1,115 @@
+"""Conv or Gemm followed by an activation -> com.microsoft FusedConv / FusedGemm.
+
+Level 2, after partitioning: a match is replaced only where the provider that owns
+both nodes has a kernel for the fused op. The activation's parameters travel as
+onnxruntime's fused ops take them: FusedConv's ``activation_params`` (LeakyRelu:
+alpha; Clip: min, max; HardSigmoid: alpha, beta), FusedGemm's
+``activation_alpha``/``activation_beta``.
+
+- ``conv_activation_fusion``: ``act(Conv(x, W, b))`` and ``act(Conv(x, W, b) + z)``
+  where ``z`` has exactly the convolution's shape (a residual) -> ``FusedConv``.
+- ``gemm_activation_fusion``: ``act(Gemm(a, b, c))`` -> ``FusedGemm`` (not Clip,
+  which FusedGemm does not take).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .patterns import MS_DOMAIN, GraphView
+
+__all__ = ["activation_params", "conv_activation_fusion", "gemm_activation_fusion"]
+
+_F32 = np.finfo(np.float32)
+
+
+def activation_params(view: GraphView, act) -> list[float] | None:
+    """``act``'s parameters as FusedConv wants them, or None if it cannot be fused."""
+    if act.domain != "":
+        return None
+    op = act.op_type
+    if op in ("Relu", "Sigmoid", "Tanh"):
+        return []
+    if op == "LeakyRelu":
+        return [float(act.attr("alpha", 0.01))]
+    if op == "HardSigmoid":
+        return [float(act.attr("alpha", 0.2)), float(act.attr("beta", 0.5))]
+    if op == "Clip":
+        if act.opset < 11:
+            return [float(act.attr("min", float(_F32.min))), float(act.attr("max", float(_F32.max)))]
+        bounds = []
+        for i, default in ((1, float(_F32.min)), (2, float(_F32.max))):
+            name = act.inputs[i] if len(act.inputs) > i else ""
+            if not name:
+                bounds.append(default)
+                continue
+            v = view.scalar(name)
+            if v is None:
+                return None
+            bounds.append(v)
+        return bounds
+    return None
+
+
+def _activation_after(view: GraphView, value: str):
+    act = view.only_reader(value)
+    if act is None or act.inputs[0] != value or len(act.outputs) != 1:
+        return None, None
+    params = activation_params(view, act)
+    return (act, params) if params is not None else (None, None)
+
+
+def _same_shape(a, b) -> bool:
+    return a is not None and b is not None and len(a) == len(b) and all(
+        x is not None and x == y for x, y in zip(a, b))
+
+
+def conv_activation_fusion(graph, ctx) -> bool:
+    """``act(Conv(...))`` and ``act(Conv(...) + z)`` -> com.microsoft FusedConv."""
+    view = GraphView(graph, ctx)
+    for conv in list(graph.nodes):
+        if conv.op_type != "Conv" or conv.domain != "" or not view.free(conv) or len(conv.outputs) != 1:
+            continue
+        y = conv.outputs[0]
+        inputs = list(conv.inputs)
+        old = [conv]
+        act, params = _activation_after(view, y)
+        if act is None:
+            add = view.only_reader(y, "Add")
+            if add is None or len(add.inputs) != 2 or add.inputs[0] == add.inputs[1]:
+                continue
+            z = add.inputs[1] if add.inputs[0] == y else add.inputs[0]
+            if not _same_shape(view.shape(z), view.shape(y)) or view.elem_type(z) != view.elem_type(y):
+                continue
+            act, params = _activation_after(view, add.outputs[0])
+            if act is None:
+                continue
+            inputs = inputs + [""] * (3 - len(inputs)) + [z]
+            old.append(add)
+        old.append(act)
+        fused = view.make_node("FusedConv", inputs, [act.outputs[0]], conv.name, domain=MS_DOMAIN,
+                               activation=act.op_type, activation_params=params or None)
+        fused.attrs.update(conv.attrs)
+        view.replace(old, [fused])
+    return view.finish()
+
+
+def gemm_activation_fusion(graph, ctx) -> bool:
+    """``act(Gemm(...))`` -> com.microsoft FusedGemm."""
+    view = GraphView(graph, ctx)
+    for gemm in list(graph.nodes):
+        if gemm.op_type != "Gemm" or gemm.domain != "" or not view.free(gemm) or len(gemm.outputs) != 1:
+            continue
+        act, params = _activation_after(view, gemm.outputs[0])
+        if act is None or act.op_type == "Clip":
+            continue
+        extra = {}
+        if params:
+            extra["activation_alpha"] = params[0]
+        if len(params) > 1:
+            extra["activation_beta"] = params[1]
+        fused = view.make_node("FusedGemm", gemm.inputs, [act.outputs[0]], gemm.name, domain=MS_DOMAIN,
+                               activation=act.op_type, **extra)
+        fused.attrs.update(gemm.attrs)
+        view.replace([gemm, act], [fused])
+    return view.finish()

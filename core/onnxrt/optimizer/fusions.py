@@ -1,0 +1,53 @@
+"""The built-in fusions and weight folds, registered by name and level.
+
+Level 1 (basic, before partitioning, provider independent): ``conv_bn_fusion``,
+``conv_add_fusion``, ``conv_mul_fusion``, ``matmul_add_fusion``.
+
+Level 2 (extended, after partitioning, only where the owning provider has the fused
+op's kernel): ``gelu_fusion``, ``fast_gelu_fusion``, ``bias_gelu_fusion``,
+``layer_norm_fusion``, ``simplified_layer_norm_fusion``, ``skip_layer_norm_fusion``,
+``attention_fusion``, ``conv_activation_fusion``, ``gemm_activation_fusion``,
+``transpose_cancellation``, ``transpose_matmul_fusion``, ``matmul_scale_fusion``, and
+``fusion_dead_node_elimination`` to drop what the fusions left unused.
+
+Transforms run in this order, in rounds, until none changes the graph, so that one
+fusion's result can feed the next (Gelu before BiasGelu, attention before the MatMul
+fusions that would otherwise take its pieces).
+"""
+
+from __future__ import annotations
+
+from ..options import GraphOptimizationLevel
+from . import fold_conv, fuse_activation, fuse_transformer, transpose
+from .attention import attention_fusion
+from .basic import dead_node_elimination
+
+__all__ = ["register"]
+
+
+def fusion_dead_node_elimination(graph, ctx) -> bool:
+    """Remove nodes and initializers the level-2 fusions left unread."""
+    return dead_node_elimination(graph, ctx)
+
+
+def register(reg) -> None:
+    """Add the fusions to a :class:`~onnxrt.optimizer.TransformerRegistry`."""
+    basic = GraphOptimizationLevel.ORT_ENABLE_BASIC
+    extended = GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+    reg.add("conv_bn_fusion", fold_conv.conv_bn_fusion, basic)
+    reg.add("conv_add_fusion", fold_conv.conv_add_fusion, basic)
+    reg.add("conv_mul_fusion", fold_conv.conv_mul_fusion, basic)
+    reg.add("matmul_add_fusion", fold_conv.matmul_add_fusion, basic)
+    reg.add("gelu_fusion", fuse_transformer.gelu_fusion, extended)
+    reg.add("fast_gelu_fusion", fuse_transformer.fast_gelu_fusion, extended)
+    reg.add("bias_gelu_fusion", fuse_transformer.bias_gelu_fusion, extended)
+    reg.add("layer_norm_fusion", fuse_transformer.layer_norm_fusion, extended)
+    reg.add("simplified_layer_norm_fusion", fuse_transformer.simplified_layer_norm_fusion, extended)
+    reg.add("skip_layer_norm_fusion", fuse_transformer.skip_layer_norm_fusion, extended)
+    reg.add("attention_fusion", attention_fusion, extended)
+    reg.add("conv_activation_fusion", fuse_activation.conv_activation_fusion, extended)
+    reg.add("gemm_activation_fusion", fuse_activation.gemm_activation_fusion, extended)
+    reg.add("transpose_cancellation", transpose.transpose_cancellation, extended)
+    reg.add("transpose_matmul_fusion", transpose.transpose_matmul_fusion, extended)
+    reg.add("matmul_scale_fusion", transpose.matmul_scale_fusion, extended)
+    reg.add("fusion_dead_node_elimination", fusion_dead_node_elimination, extended)
