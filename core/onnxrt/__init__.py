@@ -26,6 +26,7 @@ from .options import ExecutionMode, GraphOptimizationLevel, RunOptions, SessionO
 from .ortvalue import IOBinding, OrtValue, get_device
 from .plugins import get_all_providers, get_available_providers, get_provider_info
 from .providers import Capability, Device, ExecutionProvider
+from .predictor import Predictor
 from .session import InferenceSession, ModelMetadata
 from .types import NodeArg
 
@@ -46,6 +47,7 @@ __all__ = [
     "OrtValue",
     "IOBinding",
     "ModelMetadata",
+    "Predictor",
     "get_device",
     "get_available_providers",
     "get_all_providers",
