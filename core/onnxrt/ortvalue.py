@@ -1,19 +1,31 @@
 """``OrtValue`` and ``IOBinding``: values that may live on a device.
 
-On the CPU an ``OrtValue`` wraps a numpy array. Device providers (CUDA) extend
-``from_device``/``to_host`` through their ``Device``; the host path here needs none.
+An ``OrtValue`` holds a host numpy array or a device array together with the
+:class:`~onnxrt.providers.Device` it lives on. Device values come from a provider
+(``OrtValue.ortvalue_from_numpy(a, "cuda", 0)`` uploads through the provider whose
+device kind is ``"cuda"``) or wrap an existing device array with no copy
+(:meth:`OrtValue.from_device_array`, :meth:`OrtValue.from_dlpack`).
+
+``IOBinding`` runs a session with bound values. A device-resident input reaches the
+kernels of the provider on that device without passing through the host, and an
+output bound to a device stays there: the session's plan is specialised per binding
+signature, dropping the copy steps that would move those values to and from the host.
 """
 
 from __future__ import annotations
 
+import ctypes
+import dataclasses
+import threading
+import weakref
 from typing import Any
 
 import numpy as np
 
 from .dtypes import onnx_elem_type, type_string
-from .errors import InvalidArgument
+from .errors import EPFail, InvalidArgument
 
-__all__ = ["OrtValue", "IOBinding", "get_device"]
+__all__ = ["IOBinding", "OrtValue", "device_for", "get_device"]
 
 
 def get_device() -> str:
@@ -24,58 +36,154 @@ def get_device() -> str:
     return "GPU" if any(p.startswith("CUDA") for p in avail) else "CPU"
 
 
+# -- finding a device by kind ------------------------------------------------------------------
+
+_devices: dict[tuple[str, int], Any] = {}
+_devices_lock = threading.Lock()
+
+
+def device_for(device_type: str, device_id: int = 0, session=None):
+    """The :class:`~onnxrt.providers.Device` for ``device_type``/``device_id``.
+
+    A session's own provider devices come first (they share its memory pool and
+    streams); otherwise the installed provider whose alias is ``device_type`` makes one.
+    """
+    from .providers import HostDevice
+
+    kind = str(device_type).lower()
+    if kind == "cpu":
+        return HostDevice()
+    if session is not None:
+        for p in session._built.providers:
+            if p.device.kind == kind and p.device.device_id == device_id:
+                return p.device
+    with _devices_lock:
+        dev = _devices.get((kind, device_id))
+        if dev is not None:
+            return dev
+        from .plugins import _availability, provider_registry
+
+        for cls in provider_registry().classes():
+            if kind not in [a.lower() for a in cls.aliases]:
+                continue
+            why = _availability(cls)
+            if why is not None:
+                raise EPFail(f"device {kind!r} needs {cls.name}, which is not available: {why}")
+            opts = {"device_id": device_id} if "device_id" in cls.option_types else {}
+            dev = cls(opts).device
+            _devices[(kind, device_id)] = dev
+            return dev
+    raise InvalidArgument(f"no installed provider has a {kind!r} device (install its onnxrt provider package)")
+
+
+def _same_device(a, b) -> bool:
+    return a is b or (a.kind == b.kind and a.device_id == b.device_id)
+
+
 class OrtValue:
     """A value (tensor, sequence, map or None) with the device it lives on."""
 
-    def __init__(self, value: Any, device_type: str = "cpu", device_id: int = 0):
+    def __init__(self, value: Any, device_type: str = "cpu", device_id: int = 0, device=None):
         self._value = value
         self._device = (device_type.lower(), device_id)
+        self._dev = device
+
+    @property
+    def device(self):
+        """The :class:`~onnxrt.providers.Device` holding the value."""
+        if self._dev is None:
+            self._dev = device_for(*self._device)
+        return self._dev
 
     @classmethod
-    def ortvalue_from_numpy(cls, array, device_type: str = "cpu", device_id: int = 0) -> "OrtValue":
-        """Wrap a numpy array (the host is the only device the core knows)."""
-        if device_type.lower() != "cpu":
-            raise InvalidArgument(
-                f"device {device_type!r} needs its provider's OrtValue support; the core only keeps host arrays"
-            )
-        return cls(np.asarray(array), "cpu", device_id)
+    def ortvalue_from_numpy(cls, array, device_type: str = "cpu", device_id: int = 0) -> OrtValue:
+        """A value on ``device_type``: host arrays are copied there through its provider."""
+        kind = device_type.lower()
+        if kind == "cpu":
+            return cls(np.asarray(array), "cpu", device_id)
+        dev = device_for(kind, device_id)
+        if _holds(dev, array):
+            return cls(array, kind, device_id, dev)
+        return cls(dev.from_host(np.asarray(array)), kind, device_id, dev)
+
+    @classmethod
+    def from_device_array(cls, array, device_type: str = "cuda", device_id: int | None = None) -> OrtValue:
+        """Wrap an array already on a device (a CuPy array, or anything with
+        ``__cuda_array_interface__`` or DLPack) with no copy."""
+        if device_id is None:
+            d = getattr(array, "device", None)
+            device_id = int(getattr(d, "id", 0) or 0)
+        dev = device_for(device_type, device_id)
+        if _holds(dev, array):
+            return cls(array, device_type, device_id, dev)
+        wrap = getattr(dev, "wrap", None)
+        if wrap is None:
+            raise InvalidArgument(f"the {device_type!r} device cannot wrap a {type(array).__name__}")
+        return cls(wrap(array), device_type, device_id, dev)
+
+    @classmethod
+    def from_dlpack(cls, data, device_type: str = "cuda", device_id: int | None = None) -> OrtValue:
+        """Wrap a DLPack-capable device array (no copy); host arrays stay numpy."""
+        if isinstance(data, np.ndarray):
+            return cls(data)
+        return cls.from_device_array(data, device_type, device_id)
 
     @classmethod
     def ortvalue_from_shape_and_type(cls, shape, element_type=np.float32, device_type: str = "cpu", device_id: int = 0):
-        """A new uninitialized host tensor."""
-        return cls.ortvalue_from_numpy(np.empty(shape, dtype=element_type), device_type, device_id)
+        """A new tensor of ``shape`` (zeros on a device, uninitialized on the host)."""
+        if device_type.lower() == "cpu":
+            return cls(np.empty(shape, dtype=element_type), "cpu", device_id)
+        return cls.ortvalue_from_numpy(np.zeros(shape, dtype=element_type), device_type, device_id)
 
     def numpy(self) -> Any:
-        """The value as a host numpy array (or list/None for non-tensors)."""
+        """The value as a host numpy array (copied from its device; lists/None as they are)."""
+        if self._device[0] == "cpu" or isinstance(self._value, np.ndarray) or self._value is None:
+            return self._value
+        return self.device.to_host(self._value)
+
+    def device_array(self) -> Any:
+        """The underlying array, on its device (a numpy array for the host), with no copy."""
         return self._value
 
     def data_ptr(self) -> int:
-        """The address of the tensor's data."""
-        return self._value.ctypes.data if isinstance(self._value, np.ndarray) else 0
+        """The address of the tensor's data (device memory for device values)."""
+        v = self._value
+        if isinstance(v, np.ndarray):
+            return v.ctypes.data
+        cai = getattr(v, "__cuda_array_interface__", None)
+        if cai is not None:
+            return int(cai["data"][0])
+        return 0
 
     def device_name(self) -> str:
         """``"cpu"``, ``"cuda"``..."""
         return self._device[0]
 
+    def device_id(self) -> int:
+        """The device index."""
+        return self._device[1]
+
     def shape(self) -> list[int]:
         """The tensor's shape."""
-        return list(np.shape(self._value))
+        shp = getattr(self._value, "shape", None)
+        return list(shp) if shp is not None else list(np.shape(self._value))
 
     def data_type(self) -> str:
         """onnxruntime's type string, e.g. ``tensor(float)``."""
-        if isinstance(self._value, np.ndarray):
-            return type_string(onnx_elem_type(self._value.dtype))
+        dt = getattr(self._value, "dtype", None)
+        if dt is not None and not isinstance(self._value, (list, dict)):
+            return type_string(onnx_elem_type(np.dtype(dt)))
         if isinstance(self._value, list):
             return "seq"
         return "unknown"
 
     def element_type(self):
         """The numpy dtype of a tensor."""
-        return self._value.dtype.type
+        return np.dtype(self._value.dtype).type
 
     def is_tensor(self) -> bool:
         """Whether the value is a tensor."""
-        return isinstance(self._value, np.ndarray)
+        return hasattr(self._value, "dtype") and hasattr(self._value, "shape")
 
     def has_value(self) -> bool:
         """False for an absent optional."""
@@ -85,36 +193,80 @@ class OrtValue:
         return f"OrtValue({self.data_type()}, shape={self.shape()}, device={self._device[0]})"
 
 
+def _holds(dev, value) -> bool:
+    holds = getattr(dev, "holds", None)
+    if holds is not None:
+        return bool(holds(value))
+    return dev.is_host and isinstance(value, np.ndarray)
+
+
+def _host_array_at(ptr: int, shape, dtype) -> np.ndarray:
+    dt = np.dtype(dtype)
+    n = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
+    buf = (ctypes.c_char * n).from_address(int(ptr))
+    return np.frombuffer(buf, dtype=dt).reshape(shape)
+
+
+def _placeholder(value) -> np.ndarray:
+    """A host stand-in with the value's dtype and shape (no memory) for the feed checker."""
+    z = np.zeros(1, dtype=np.dtype(value.dtype))
+    return np.lib.stride_tricks.as_strided(z, shape=tuple(value.shape), strides=(0,) * len(value.shape))
+
+
 class IOBinding:
     """Binds inputs and outputs by name, then runs with ``session.run_with_iobinding``."""
 
     def __init__(self, session):
         self._session = session
-        self._inputs: dict[str, Any] = {}
-        self._output_names: list[str] = []
+        self._inputs: dict[str, OrtValue] = {}
+        self._outputs_wanted: dict[str, tuple[Any, Any]] = {}  # name -> (device, preallocated array or None)
         self._outputs: list[OrtValue] = []
 
+    # -- inputs ------------------------------------------------------------------------------
     def bind_cpu_input(self, name: str, arr) -> None:
         """Bind a host array as input ``name``."""
-        self._inputs[name] = np.asarray(arr)
+        self._inputs[name] = OrtValue(np.asarray(arr))
 
     def bind_input(self, name: str, device_type="cpu", device_id=0, element_type=None, shape=None,
                    buffer_ptr=None) -> None:
-        """Bind raw memory as an input (host arrays only in the core)."""
-        raise InvalidArgument("bind_input with a raw pointer needs a device provider; use bind_cpu_input or bind_ortvalue_input")
+        """Bind memory at ``buffer_ptr`` (``shape`` elements of ``element_type``) on a device."""
+        if buffer_ptr is None or element_type is None or shape is None:
+            raise InvalidArgument("bind_input needs element_type, shape and buffer_ptr; "
+                                  "use bind_cpu_input or bind_ortvalue_input for arrays")
+        self._inputs[name] = self._at(device_type, device_id, element_type, shape, buffer_ptr)
+
+    def _at(self, device_type, device_id, element_type, shape, buffer_ptr) -> OrtValue:
+        kind = str(device_type).lower()
+        shape = tuple(int(d) for d in shape)
+        if kind == "cpu":
+            return OrtValue(_host_array_at(buffer_ptr, shape, element_type))
+        dev = device_for(kind, device_id, self._session)
+        wrap = getattr(dev, "wrap_pointer", None)
+        if wrap is None:
+            raise InvalidArgument(f"the {kind!r} device cannot bind raw memory")
+        return OrtValue(wrap(int(buffer_ptr), shape, np.dtype(element_type)), kind, device_id, dev)
 
     def bind_ortvalue_input(self, name: str, ortvalue: OrtValue) -> None:
-        """Bind an ``OrtValue`` as input ``name``."""
-        self._inputs[name] = ortvalue.numpy()
+        """Bind an ``OrtValue`` (on any device) as input ``name``."""
+        if not isinstance(ortvalue, OrtValue):
+            raise InvalidArgument(f"bind_ortvalue_input expects an OrtValue, got {type(ortvalue).__name__}")
+        self._inputs[name] = ortvalue
 
+    # -- outputs -----------------------------------------------------------------------------
     def bind_output(self, name: str, device_type: str = "cpu", device_id: int = 0, element_type=None,
                     shape=None, buffer_ptr=None) -> None:
-        """Ask for output ``name`` (allocated by the run)."""
-        self._output_names.append(name)
+        """Ask for output ``name`` on ``device_type``; with ``buffer_ptr`` it is written there."""
+        pre = None
+        if buffer_ptr is not None:
+            if element_type is None or shape is None:
+                raise InvalidArgument("bind_output with buffer_ptr needs element_type and shape")
+            pre = self._at(device_type, device_id, element_type, shape, buffer_ptr)
+        dev = device_for(device_type, device_id, self._session)
+        self._outputs_wanted[name] = (dev, pre)
 
     def bind_ortvalue_output(self, name: str, ortvalue: OrtValue) -> None:
-        """Ask for output ``name`` into ``ortvalue``'s device."""
-        self._output_names.append(name)
+        """Write output ``name`` into ``ortvalue`` (same shape and type), on its device."""
+        self._outputs_wanted[name] = (ortvalue.device, ortvalue)
 
     def clear_binding_inputs(self) -> None:
         """Forget the bound inputs."""
@@ -122,24 +274,176 @@ class IOBinding:
 
     def clear_binding_outputs(self) -> None:
         """Forget the bound outputs."""
-        self._output_names.clear()
+        self._outputs_wanted.clear()
         self._outputs = []
 
     def synchronize_inputs(self) -> None:
-        """No-op on the host."""
+        """Wait until the bound device inputs are written."""
+        for ov in self._inputs.values():
+            if ov.device_name() != "cpu":
+                ov.device.synchronize()
 
     def synchronize_outputs(self) -> None:
-        """No-op on the host."""
+        """Wait until the outputs are written (runs already end synchronized)."""
+        for ov in self._outputs:
+            if ov.device_name() != "cpu":
+                ov.device.synchronize()
 
+    # -- running -----------------------------------------------------------------------------
     def _run(self, run_options) -> None:
-        names = self._output_names or None
-        outs = self._session.run(names, self._inputs, run_options)
-        self._outputs = [OrtValue(v) for v in outs]
+        from .plan import RunContext
+
+        sess = self._session
+        built = sess._built
+        host, on_device = {}, {}
+        for n, ov in self._inputs.items():
+            if ov.device_name() == "cpu":
+                host[n] = ov.device_array()
+            else:
+                on_device[n] = ov
+        stand_ins = {n: _placeholder(ov.device_array()) for n, ov in on_device.items()}
+        feeds = sess._checker.check({**host, **stand_ins})
+        for n, ov in on_device.items():
+            feeds[n] = ov.device_array()
+        names = sess._resolve_outputs(list(self._outputs_wanted) or None)
+        order = sess._output_names
+        keep = {order.index(n): dev for n, (dev, _) in self._outputs_wanted.items() if not dev.is_host}
+        plan = _specialized_plan(built.plan, {n: ov.device for n, ov in on_device.items()}, keep)
+        ctx = None
+        if run_options is not None or sess._profiler is not None:
+            ctx = RunContext(run_options, sess._profiler)
+        with sess._threads:
+            outs = plan.run(feeds, None, ctx)
+        by_name = dict(zip(order, outs))
+        from .plan import array_root
+
+        # host outputs that share memory with a feed or a constant are copied, as run() does
+        protect = built.const_roots | {id(array_root(v)) for v in host.values() if isinstance(v, np.ndarray)}
+        result = []
+        for n in names:
+            v = by_name[n]
+            dev, pre = self._outputs_wanted.get(n, (None, None))
+            result.append(_place(v, dev, pre, n, built, protect))
+        for ov in result:
+            if ov.device_name() != "cpu":
+                ov.device.synchronize()
+        self._outputs = result
 
     def get_outputs(self) -> list[OrtValue]:
         """The outputs of the last run, as ``OrtValue``s."""
         return list(self._outputs)
 
     def copy_outputs_to_cpu(self) -> list:
-        """The outputs of the last run as host arrays."""
+        """The outputs of the last run as host arrays (copied from their devices)."""
         return [o.numpy() for o in self._outputs]
+
+
+def _place(v, dev, pre: OrtValue | None, name: str, built, protect: set) -> OrtValue:
+    """The output value ``v`` as an ``OrtValue`` on ``dev`` (into ``pre`` when preallocated)."""
+    if dev is None or dev.is_host:
+        if isinstance(v, np.ndarray):
+            from .plan import array_root
+
+            if not v.flags.writeable or id(array_root(v)) in protect:
+                v = v.copy()
+        elif v is not None and not isinstance(v, (list, dict)):
+            v = _device_of(v, built).to_host(v)
+        if pre is not None:
+            dst = pre.device_array()
+            if tuple(dst.shape) != tuple(np.shape(v)) or dst.dtype != v.dtype:
+                raise InvalidArgument(f"output {name!r} is {v.dtype}{list(np.shape(v))} but the bound buffer is "
+                                      f"{dst.dtype}{list(dst.shape)}")
+            dst[...] = v
+            return pre
+        return OrtValue(v)
+    if not _holds(dev, v):
+        src = _device_of(v, built) if not isinstance(v, np.ndarray) else None
+        v = dev.from_host(src.to_host(v) if src is not None else v)
+    if pre is not None:
+        dst = pre.device_array()
+        if tuple(dst.shape) != tuple(v.shape) or dst.dtype != v.dtype:
+            raise InvalidArgument(f"output {name!r} is {v.dtype}{list(v.shape)} but the bound buffer is "
+                                  f"{dst.dtype}{list(dst.shape)}")
+        dst[...] = v
+        return pre
+    return OrtValue(v, dev.kind, dev.device_id, dev)
+
+
+def _device_of(v, built):
+    for p in built.providers:
+        if _holds(p.device, v):
+            return p.device
+    raise InvalidArgument(f"an output is a {type(v).__name__} that no provider of the session holds")
+
+
+# -- plans specialised for device-resident inputs and outputs ------------------------------------
+
+_plans: weakref.WeakKeyDictionary[Any, dict] = weakref.WeakKeyDictionary()
+_plans_lock = threading.Lock()
+
+
+def _specialized_plan(plan, feed_devices: dict[str, Any], keep_outputs: dict[int, Any]):
+    """``plan`` without the copies that would move device feeds and kept outputs through the host."""
+    if not feed_devices and not keep_outputs:
+        return plan
+    key = (tuple(sorted((n, d.kind, d.device_id) for n, d in feed_devices.items())),
+           tuple(sorted((i, d.kind, d.device_id) for i, d in keep_outputs.items())))
+    with _plans_lock:
+        cache = _plans.setdefault(plan, {})
+        hit = cache.get(key)
+        if hit is None:
+            hit = cache[key] = _specialize(plan, feed_devices, keep_outputs)
+        return hit
+
+
+def _specialize(plan, feed_devices, keep_outputs):
+    from .plan import Plan, Step, _copy_fn
+
+    steps = list(plan.steps)
+    readers: dict[int, list[int]] = {}
+    for k, st in enumerate(steps):
+        for s in st.ins:
+            readers.setdefault(s, []).append(k)
+        for _, s in st.implicit:
+            readers.setdefault(s, []).append(k)
+    drop: set[int] = set()
+    first: list = []
+    input_slots = dict(plan.input_slots)
+    n_slots = plan.n_slots
+    for name, dev in feed_devices.items():
+        slot = plan.input_slots[name]
+        ups = [k for k in readers.get(slot, []) if steps[k].is_copy and steps[k].dst_device is not None
+               and _same_device(steps[k].dst_device, dev)]
+        if ups:
+            target = steps[ups[0]].outs[0]
+            drop.update(ups)
+        else:
+            target = n_slots
+            n_slots += 1
+        input_slots[name] = target
+        if any(k not in drop for k in readers.get(slot, [])):
+            # host kernels (or another device) read the input too: they get one host copy
+            first.append(Step(_copy_fn(dev.to_host), (target,), (slot,), (), f"copy:{name}", "MemcpyToHost",
+                              f"{dev.kind}->cpu", is_copy=True, output_names=(name,), src_device=dev))
+    output_slots = list(plan.output_slots)
+    for i, dev in keep_outputs.items():
+        s = output_slots[i]
+        for k, st in enumerate(steps):
+            if (st.is_copy and st.outs == (s,) and st.src_device is not None and _same_device(st.src_device, dev)
+                    and not readers.get(s) and output_slots.count(s) == 1):
+                drop.add(k)
+                output_slots[i] = st.ins[0]
+                break
+    kept = first + [st for k, st in enumerate(steps) if k not in drop]
+    constants = {s: plan._template[s] for s in plan._const_slots}
+    keep = set(output_slots) | set(constants) | {0}
+    last: dict[int, int] = {}
+    for idx, st in enumerate(kept):
+        for s in list(st.ins) + [s for _, s in st.implicit] + list(st.outs):
+            last[s] = idx
+    frees: list[list[int]] = [[] for _ in kept]
+    for s, idx in last.items():
+        if s not in keep:
+            frees[idx].append(s)
+    kept = [dataclasses.replace(st, free=tuple(sorted(fr))) for st, fr in zip(kept, frees)]
+    return Plan(kept, n_slots, input_slots, plan.outer_slots, output_slots, constants, plan.max_bytes)

@@ -1,0 +1,224 @@
+"""The CUDA execution provider: partition, options, memory pool and kernel creation.
+
+It claims the nodes it has kernels for (shape computations stay on the CPU), groups
+chains of elementwise nodes into fused groups that :mod:`onnxrt_cuda.fusion` compiles
+into one generated CuPy kernel each, and leaves the rest to the CPU provider.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from onnxrt.errors import EPFail, InvalidArgument
+from onnxrt.kernel import KernelRegistry, NodeInfo
+from onnxrt.partition import cpu_preferred_nodes
+from onnxrt.providers import Capability, Device, ExecutionProvider
+
+from . import runtime
+from .codegen import CTYPES, fusable
+
+__all__ = ["CUDAExecutionProvider", "parse_options"]
+
+ARENA_STRATEGIES = ("kNextPowerOfTwo", "kSameAsRequested")
+
+
+def _size(v: Any) -> int:
+    n = int(v)
+    if n < 0:
+        raise ValueError("must be >= 0 (0: no limit)")
+    return n
+
+
+def _device_id(v: Any) -> int:
+    if isinstance(v, bool):
+        raise ValueError("expected a device index")
+    n = int(v)
+    if n < 0:
+        raise ValueError("must be >= 0")
+    return n
+
+
+def _flag(v: Any) -> bool:
+    if isinstance(v, str):
+        low = v.strip().lower()
+        if low in ("1", "true", "yes", "on"):
+            return True
+        if low in ("0", "false", "no", "off"):
+            return False
+        raise ValueError("expected a boolean")
+    if not isinstance(v, (bool, int, np.integer)):
+        raise ValueError("expected a boolean")
+    return bool(v)
+
+
+def _strategy(v: Any) -> str:
+    # onnxruntime also takes the enum's integer value (0: kNextPowerOfTwo, 1: kSameAsRequested)
+    if isinstance(v, (int, np.integer)) and not isinstance(v, bool) and 0 <= int(v) < len(ARENA_STRATEGIES):
+        return ARENA_STRATEGIES[int(v)]
+    s = str(v).strip()
+    if s.isdigit() and int(s) < len(ARENA_STRATEGIES):
+        return ARENA_STRATEGIES[int(s)]
+    if s not in ARENA_STRATEGIES:
+        raise ValueError(f"expected one of {', '.join(ARENA_STRATEGIES)}")
+    return s
+
+
+def _next_power_of_two(n: int) -> int:
+    return 1 if n <= 1 else 1 << (n - 1).bit_length()
+
+
+def parse_options(options: dict[str, Any]) -> dict[str, Any]:
+    """Validate CUDA provider options (unknown keys and bad values raise ``InvalidArgument``)."""
+    o = CUDAExecutionProvider.validate_options(options)
+    if o["gpu_mem_limit"] and not o["use_memory_pool"]:
+        raise InvalidArgument("CUDAExecutionProvider: gpu_mem_limit needs use_memory_pool (the limit is the pool's)")
+    return o
+
+
+class CUDAExecutionProvider(ExecutionProvider):
+    """Runs nodes on an NVIDIA GPU through CuPy.
+
+    Options: ``device_id`` (default 0), ``gpu_mem_limit`` (bytes, 0 for none: the
+    session's memory pool never grows past it), ``arena_extend_strategy``
+    (``kNextPowerOfTwo`` rounds each pool allocation up to a power of two, trading memory
+    for reuse; ``kSameAsRequested`` keeps CuPy's 512-byte rounding), ``use_memory_pool``
+    (a per-session CuPy memory pool, or plain ``cudaMalloc``/``cudaFree`` when off) and
+    ``enable_fusion`` (compile elementwise chains into one kernel; on by default).
+    """
+
+    name = "CUDAExecutionProvider"
+    aliases = ("cuda",)
+    priority = 100
+    option_types = {"device_id": _device_id, "gpu_mem_limit": _size, "arena_extend_strategy": _strategy,
+                    "use_memory_pool": _flag, "enable_fusion": _flag}
+    default_options = {"device_id": 0, "gpu_mem_limit": 0, "arena_extend_strategy": "kNextPowerOfTwo",
+                       "use_memory_pool": True, "enable_fusion": True}
+
+    def __init__(self, options=None, session_options=None):
+        self.options = parse_options(options or {})
+        why = runtime.availability(self.options["device_id"])
+        if why is not None:
+            raise EPFail(f"CUDAExecutionProvider is not available: {why}")
+        self.session_options = session_options
+        self.scope = runtime.DeviceScope(self.options["device_id"], self._allocator())
+        self.device: Device = self.create_device()
+        self._kept_on_host: set[str] = set()
+
+    def _allocator(self):
+        o = self.options
+        cp = runtime.import_cupy()
+        if not o["use_memory_pool"]:
+            return None  # CuPy: no pool, cudaMalloc per array
+        with cp.cuda.Device(o["device_id"]):
+            self.pool = cp.cuda.MemoryPool()
+            if o["gpu_mem_limit"]:
+                self.pool.set_limit(size=o["gpu_mem_limit"])
+        if o["arena_extend_strategy"] == "kNextPowerOfTwo":
+            pool = self.pool
+            return lambda n: pool.malloc(_next_power_of_two(n))
+        return self.pool.malloc
+
+    # -- availability ----------------------------------------------------------------------
+    @classmethod
+    def is_available(cls) -> str | None:
+        """``None`` when CuPy imports and GPU 0 runs a test kernel, else why not."""
+        return runtime.availability(0)
+
+    @classmethod
+    def build_registry(cls) -> KernelRegistry:
+        from .registry import build_registry
+
+        return build_registry(runtime.import_cupy())
+
+    def create_device(self) -> Device:
+        from .device import CUDADevice
+
+        return CUDADevice(self.options["device_id"], self.scope)
+
+    # -- partition -----------------------------------------------------------------------------
+    def _claims(self, ni: NodeInfo) -> str | None:
+        """``None`` when this provider takes the node, else the reason it does not."""
+        if ni.implicit_inputs or any(hasattr(v, "nodes") for v in ni.attrs.values()):
+            return "nodes with subgraphs run on the CPU"
+        dts = [ni.input_dtype(i) for i in range(len(ni.inputs)) if ni.inputs[i]]
+        dts += [ni.output_dtype(i) for i in range(len(ni.outputs)) if ni.outputs[i]]
+        for dt in dts:
+            if dt is not None and dt not in CTYPES:
+                return f"CUDA does not hold {dt} tensors"
+        if self._fusable(ni) is None:
+            return None
+        kdef, why = self.kernel_registry().find(ni)
+        return None if kdef is not None else (why or "no kernel")
+
+    def _fusable(self, ni: NodeInfo) -> str | None:
+        """``None`` when the node can join a generated elementwise kernel."""
+        in_dts = [ni.input_dtype(i) for i in range(len(ni.inputs)) if ni.inputs[i]]
+        if len(ni.outputs) != 1 or any(d is None for d in in_dts):
+            return "input types unknown"
+        return fusable(ni.op_type, ni.domain, in_dts, ni.attrs)
+
+    def refusal_reason(self, node_info: NodeInfo) -> str:
+        """Why this provider does not take a node (for the assignment report)."""
+        if node_info.name in self._kept_on_host:
+            return "shape computation kept on the CPU"
+        return self._claims(node_info) or "not claimed"
+
+    def get_capability(self, graph, node_info) -> list[Capability]:
+        """Claim the nodes with kernels; fuse convex chains of elementwise nodes."""
+        from .fusion import group_nodes
+
+        todo = [n for n in graph.nodes if n.provider is None]
+        if not todo:
+            return []
+        preferred = cpu_preferred_nodes(graph)
+        self._kept_on_host.update(n.name for n in todo if id(n) in preferred)
+        claimed = [n for n in todo if id(n) not in preferred and self._claims(node_info(n)) is None]
+        fuse = {id(n) for n in claimed if self.options["enable_fusion"] and self._fusable(node_info(n)) is None}
+        # fusable ops without a kernel can only run compiled
+        claimed = [n for n in claimed if id(n) in fuse or self.kernel_registry().find(node_info(n))[0] is not None]
+        self.device.register_constants(graph.initializers.values())
+        return group_nodes(graph, claimed, fuse)
+
+    def create_kernel(self, node_info: NodeInfo):
+        """Build the kernel for one node; it runs on this thread's stream."""
+        self.device.register_constants(node_info.constants.values())
+        with self.scope:
+            inner = self.kernel_registry().create(node_info)
+        return ScopedKernel(inner, self.scope, getattr(type(inner), "host_inputs", frozenset()))
+
+    def compile(self, capability: Capability, graph, node_info):
+        """Compile a fused group of elementwise nodes into one generated kernel."""
+        from .fusion import FusedKernel, group_io
+
+        self.device.register_constants(graph.initializers.values())
+        inputs, outputs = group_io(graph, capability.nodes)
+        fk = FusedKernel(capability.nodes, inputs, outputs, lambda n: node_info(n).attrs,
+                         capability.fused_name or capability.nodes[0].name, self.scope.cp)
+        return ScopedKernel(fk, self.scope, frozenset())
+
+
+class ScopedKernel:
+    """Runs a kernel with the provider's device, this thread's stream and the session's pool current.
+
+    Inputs the kernel reads on the host arrive as numpy arrays; host arrays a kernel
+    returns are moved to the device, so every value a CUDA node produces is a CuPy array.
+    """
+
+    def __init__(self, inner, scope, host_inputs: frozenset):
+        self.inner = inner
+        self.scope = scope
+        self.host_inputs = host_inputs
+        self.cp = scope.cp
+
+    def run(self, *inputs):
+        cp = self.cp
+        with self.scope:
+            if self.host_inputs:
+                inputs = tuple(cp.asnumpy(v) if i in self.host_inputs and isinstance(v, cp.ndarray) else v
+                               for i, v in enumerate(inputs))
+            outs = self.inner.run(*inputs)
+            return tuple(cp.asarray(o) if isinstance(o, (np.ndarray, np.generic)) else o for o in outs)
+
+    def __repr__(self) -> str:
+        return f"<ScopedKernel {self.inner!r}>"

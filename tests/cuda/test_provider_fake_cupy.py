@@ -1,0 +1,166 @@
+"""The real CUDA provider end to end on a numpy-backed stand-in for CuPy.
+
+Checks the plumbing no other test without a GPU reaches: availability, the device
+(values stay on it between CUDA nodes; constants upload once), the per-thread streams,
+the memory-pool options, the kernel wrappers, the fused kernels' dispatch, and IOBinding
+with device-resident values through the provider's own device.
+"""
+
+import threading
+
+import numpy as np
+import onnxrt as ort
+import pytest
+from onnxrt.providers import ExecutionProvider
+from onnxrt_cuda import CUDAExecutionProvider, runtime
+from onnxrt_cuda.codegen import EwProgram
+from onnxrt_cuda.device import CUDADevice
+
+from ..models.test_real_models import DATA, _feeds
+from . import fake_cupy
+from .test_kernels_on_host import model_share
+
+CUDA = "CUDAExecutionProvider"
+
+
+@pytest.fixture
+def fake(monkeypatch):
+    ns = fake_cupy.module()
+    monkeypatch.setattr(runtime, "import_cupy", lambda: ns)
+    source = EwProgram.source
+
+    def remembering(self, dtypes):
+        out = source(self, dtypes)
+        fake_cupy._programs[out[2]] = self
+        return out
+
+    monkeypatch.setattr(EwProgram, "source", remembering)
+    runtime.reset_availability()
+    ExecutionProvider._registries.pop(CUDAExecutionProvider, None)
+    fake_cupy.SOURCES.clear()
+    import onnxrt.ortvalue as ov
+
+    ov._devices.clear()
+    try:
+        yield ns
+    finally:
+        runtime.reset_availability()
+        ExecutionProvider._registries.pop(CUDAExecutionProvider, None)
+        ov._devices.clear()
+
+
+def _counting(monkeypatch):
+    counts = {"to_host": 0, "from_host": 0}
+    to_host, from_host = CUDADevice.to_host, CUDADevice.from_host
+
+    def th(self, v):
+        counts["to_host"] += 1
+        return to_host(self, v)
+
+    def fh(self, v):
+        if not self.holds(v) and id(v) not in self._const_ids:
+            counts["from_host"] += 1
+        return from_host(self, v)
+
+    monkeypatch.setattr(CUDADevice, "to_host", th)
+    monkeypatch.setattr(CUDADevice, "from_host", fh)
+    return counts
+
+
+@pytest.mark.parametrize("name,shapes,int_high", [("resnet_small", {"batch": 2}, None),
+                                                  ("mobilenet_small", {"batch": 1}, None),
+                                                  ("bert_tiny", {"batch": 2, "sequence": 5}, 2)])
+def test_models_run_through_the_provider(fake, name, shapes, int_high):
+    assert CUDA in ort.get_available_providers()
+    path = str(DATA / f"{name}.onnx")
+    sess = ort.InferenceSession(path, providers=[CUDA, "CPUExecutionProvider"])
+    on, total, off = model_share(sess.get_provider_assignment(), CUDA)
+    assert on == total, off
+    assert sess._built.fused
+    ref = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    feeds = _feeds(sess, shapes, int_high)
+    got, want = sess.run(None, feeds), ref.run(None, feeds)
+    for g, w in zip(got, want):
+        assert type(g) is np.ndarray, "outputs come back as host arrays"
+        np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5)
+    assert fake_cupy.SOURCES, "fused groups ran as generated kernels"
+
+
+def test_values_stay_on_the_device_between_cuda_nodes(fake, monkeypatch):
+    counts = _counting(monkeypatch)  # before the session: its copy steps bind these methods
+    sess = ort.InferenceSession(str(DATA / "resnet_small.onnx"), providers=[CUDA, "CPUExecutionProvider"])
+    x = np.random.default_rng(0).standard_normal((1, 3, 64, 64)).astype(np.float32)
+    sess.run(None, {"image": x})
+    counts.update(to_host=0, from_host=0)
+    sess.run(None, {"image": x})
+    assert counts == {"to_host": 1, "from_host": 1}
+
+
+def test_iobinding_device_values(fake, monkeypatch):
+    counts = _counting(monkeypatch)
+    sess = ort.InferenceSession(str(DATA / "resnet_small.onnx"), providers=[CUDA, "CPUExecutionProvider"])
+    x = np.random.default_rng(0).standard_normal((2, 3, 64, 64)).astype(np.float32)
+    want = sess.run(None, {"image": x})[0]
+    xv = ort.OrtValue.ortvalue_from_numpy(x, "cuda", 0)
+    assert isinstance(xv.device_array(), fake_cupy.DeviceArray) and xv.device_name() == "cuda"
+    out_name = sess.get_outputs()[0].name
+    b = sess.io_binding()
+    b.bind_ortvalue_input("image", xv)
+    b.bind_output(out_name, "cuda", 0)
+    counts.update(to_host=0, from_host=0)
+    sess.run_with_iobinding(b)
+    assert counts == {"to_host": 0, "from_host": 0}
+    (out,) = b.get_outputs()
+    assert out.device_name() == "cuda" and isinstance(out.device_array(), fake_cupy.DeviceArray)
+    np.testing.assert_allclose(np.asarray(out.device_array()), want, rtol=1e-5, atol=1e-6)
+
+
+def test_memory_pool_options(fake):
+    p = CUDAExecutionProvider({"gpu_mem_limit": 1 << 20})
+    assert p.pool.limit == 1 << 20
+    p.scope.allocator(1000)
+    assert p.pool.requests == [1024]  # kNextPowerOfTwo
+    q = CUDAExecutionProvider({"arena_extend_strategy": "kSameAsRequested"})
+    q.scope.allocator(1000)
+    assert q.pool.requests == [1000] and q.pool.limit is None
+    assert CUDAExecutionProvider({"use_memory_pool": False}).scope.allocator is None
+
+
+def test_each_thread_has_its_own_stream(fake):
+    p = CUDAExecutionProvider()
+    streams = []
+
+    def grab():
+        streams.append(p.scope.stream())
+        assert p.scope.stream() is streams[-1]
+
+    threads = [threading.Thread(target=grab) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len({id(s) for s in streams}) == 4 and all(s.non_blocking for s in streams)
+
+
+def test_concurrent_runs(fake):
+    sess = ort.InferenceSession(str(DATA / "bert_tiny.onnx"), providers=[CUDA, "CPUExecutionProvider"])
+    feeds = [_feeds(sess, {"batch": 1, "sequence": 4 + i}, 2, seed=i) for i in range(4)]
+    want = [sess.run(None, f) for f in feeds]
+    errors, got = [], {}
+
+    def work(i):
+        try:
+            for _ in range(3):
+                got[i] = sess.run(None, feeds[i])
+        except Exception as e:  # noqa: BLE001
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    for i in range(4):
+        for g, w in zip(got[i], want[i]):
+            np.testing.assert_array_equal(g, w)
