@@ -9,6 +9,7 @@ from the outer scope resolve there. :meth:`Graph.to_proto` serializes back.
 
 from __future__ import annotations
 
+import functools
 import itertools
 from dataclasses import dataclass, field
 from typing import Iterator
@@ -17,37 +18,70 @@ import numpy as np
 import onnx
 from onnx import AttributeProto, GraphProto, TensorProto, TypeProto, ValueInfoProto, helper, numpy_helper
 
-from .errors import InvalidGraph
+from .errors import InvalidArgument, InvalidGraph, NotImplemented
+from .limits import check_allocation
 
-__all__ = ["Node", "Graph", "MAX_NESTING", "tensor_to_array"]
+__all__ = ["Node", "Graph", "MAX_NESTING", "tensor_to_array", "check_tensor_data"]
 
 #: Subgraphs nested deeper than this are refused with InvalidGraph (not RecursionError).
 MAX_NESTING = 24
 
 
 def tensor_to_array(t: TensorProto, where: str = "") -> np.ndarray:
-    """Decode a ``TensorProto`` to numpy, checking that its data matches its shape."""
-    n = 1
-    for d in t.dims:
-        if d < 0:
-            raise InvalidGraph(f"tensor {t.name or where!r} has a negative dimension {list(t.dims)}")
-        n *= d
-    if t.HasField("raw_data") and t.data_type not in (TensorProto.STRING, TensorProto.UNDEFINED):
-        try:
-            itemsize = helper.tensor_dtype_to_np_dtype(t.data_type).itemsize
-        except Exception:
-            raise InvalidGraph(f"tensor {t.name or where!r} has unknown data type {t.data_type}") from None
-        sub_byte = t.data_type in _SUB_BYTE_BITS
-        need = (n * _SUB_BYTE_BITS[t.data_type] + 7) // 8 if sub_byte else n * itemsize
-        if len(t.raw_data) < need:
-            raise InvalidGraph(
-                f"tensor {t.name or where!r}: raw_data holds {len(t.raw_data)} bytes, "
-                f"shape {list(t.dims)} needs {need}"
-            )
+    """Decode a ``TensorProto`` to numpy, checking its data against its shape first.
+
+    The declared size is checked against the allocation limit before anything is
+    decoded, and the data (``raw_data`` or the typed field) must hold exactly what the
+    shape needs: not fewer bytes or values, and not more.
+    """
+    check_tensor_data(t, where)
     try:
         return numpy_helper.to_array(t)
     except Exception as e:
         raise InvalidGraph(f"tensor {t.name or where!r} cannot be decoded: {e}") from None
+
+
+def check_tensor_data(t: TensorProto, where: str = "") -> None:
+    """Check a ``TensorProto``'s type, size and data count without decoding it."""
+    label = repr(t.name or where or "<unnamed>")
+    n = 1
+    for d in t.dims:
+        if d < 0:
+            raise InvalidGraph(f"tensor {label} has a negative dimension {list(t.dims)}")
+        n *= d
+    if t.data_type == TensorProto.UNDEFINED:
+        raise InvalidGraph(f"tensor {label} has no data type")
+    try:
+        dtype = helper.tensor_dtype_to_np_dtype(t.data_type)
+        field_name = helper.tensor_dtype_to_field(t.data_type)
+    except Exception:
+        raise InvalidGraph(f"tensor {label} has unknown data type {t.data_type}") from None
+    if t.HasField("segment"):
+        raise NotImplemented(f"tensor {label} is split into segments, which onnxrt does not read")
+    if t.data_location == TensorProto.EXTERNAL:
+        raise InvalidGraph(f"tensor {label} refers to external data that was not loaded")
+    try:
+        check_allocation(t.dims, dtype, f"tensor {label}")
+    except InvalidArgument as e:
+        raise InvalidGraph(str(e)) from None
+    if t.data_type == TensorProto.STRING:
+        got, unit = len(t.string_data), "string_data holds {} strings"
+        need = n
+    elif t.HasField("raw_data"):
+        bits = _SUB_BYTE_BITS.get(t.data_type)
+        need = (n * bits + 7) // 8 if bits else n * dtype.itemsize
+        got, unit = len(t.raw_data), "raw_data holds {} bytes"
+    else:
+        got, unit = len(getattr(t, field_name)), field_name + " holds {} values"
+        if t.data_type in (TensorProto.COMPLEX64, TensorProto.COMPLEX128):
+            need = 2 * n
+        elif _SUB_BYTE_BITS.get(t.data_type) in (2, 4):
+            per = 8 // _SUB_BYTE_BITS[t.data_type]
+            need = (n + per - 1) // per
+        else:
+            need = n
+    if got != need:
+        raise InvalidGraph(f"tensor {label}: {unit.format(got)}, but its shape {list(t.dims)} needs {need}")
 
 
 _SUB_BYTE_BITS = {
@@ -159,6 +193,8 @@ class Graph:
         g.inputs = list(gp.input)
         g.outputs = list(gp.output)
         for vi in itertools.chain(gp.input, gp.output, gp.value_info):
+            if vi.HasField("type"):
+                _check_type(vi.type, vi.name)
             if vi.name and vi.HasField("type"):
                 g.value_types[vi.name] = vi.type
         for t in gp.initializer:
@@ -190,12 +226,16 @@ class Graph:
             for a in np_.attribute:
                 if a.name in node.attrs or a.name in node.subgraphs:
                     raise InvalidGraph(f"node {np_.name or np_.op_type!r} has attribute {a.name!r} twice")
+                _check_attribute(a, np_.name or np_.op_type)
                 if a.type == AttributeProto.GRAPH:
                     node.subgraphs[a.name] = cls.from_proto(a.g, opsets, g, depth + 1)
                 elif a.type == AttributeProto.GRAPHS:
                     node.subgraphs[a.name] = [cls.from_proto(x, opsets, g, depth + 1) for x in a.graphs]
                 else:
                     node.attrs[a.name] = a
+            schema = _schema(node.op_type, dom, node.opset)
+            if schema is not None:
+                _check_against_schema(node, np_, schema)
             g.nodes.append(node)
             if node.name:
                 used_names.add(node.name)
@@ -386,17 +426,139 @@ class Graph:
         return gp
 
 
-def _sparse_to_dense(st) -> np.ndarray:
-    values = tensor_to_array(st.values)
-    indices = tensor_to_array(st.indices).astype(np.int64)
+_KNOWN_ELEM_TYPES = frozenset(TensorProto.DataType.values())
+
+
+def _check_type(tp: TypeProto, name: str, depth: int = 0) -> None:
+    """A declared type must use known element types (the field is a bare int32)."""
+    if depth > MAX_NESTING:
+        raise InvalidGraph(f"value {name!r}: its type is nested more than {MAX_NESTING} levels deep")
+    which = tp.WhichOneof("value")
+    if which in ("tensor_type", "sparse_tensor_type"):
+        et = getattr(tp, which).elem_type
+        if et not in _KNOWN_ELEM_TYPES:
+            raise InvalidGraph(f"value {name!r} is declared with unknown element type {et}")
+    elif which == "sequence_type":
+        _check_type(tp.sequence_type.elem_type, name, depth + 1)
+    elif which == "optional_type":
+        _check_type(tp.optional_type.elem_type, name, depth + 1)
+    elif which == "map_type":
+        if tp.map_type.key_type not in _KNOWN_ELEM_TYPES:
+            raise InvalidGraph(f"value {name!r} is declared with unknown map key type {tp.map_type.key_type}")
+        _check_type(tp.map_type.value_type, name, depth + 1)
+
+
+@functools.lru_cache(maxsize=None)
+def _schema(op_type: str, domain: str, opset: int):
+    """The ONNX schema a node resolves to, or None (unknown op, version or domain)."""
+    try:
+        return onnx.defs.get_schema(op_type, opset, domain)
+    except Exception:  # noqa: BLE001 - onnx raises SchemaError; no schema means nothing to check
+        return None
+
+
+def _check_against_schema(node: Node, proto, schema) -> None:
+    """What onnx's checker verifies: input/output counts and attribute names and types.
+
+    Kernels, fusions and constant folding rely on a node's attributes having the
+    schema's types, so a mismatch is refused here, once, rather than in each of them.
+    """
+    what = f"{node.op_type} node {node.name or proto.op_type!r} ({node.domain or 'ai.onnx'} opset {node.opset})"
+    n_in, n_out = len(proto.input), len(proto.output)
+    if not schema.min_input <= n_in <= schema.max_input:
+        raise InvalidGraph(
+            f"{what} has {n_in} inputs; {node.op_type}-{schema.since_version} takes "
+            f"{schema.min_input} to {schema.max_input}"
+        )
+    if not schema.min_output <= n_out <= schema.max_output:
+        raise InvalidGraph(
+            f"{what} has {n_out} outputs; {node.op_type}-{schema.since_version} makes "
+            f"{schema.min_output} to {schema.max_output}"
+        )
+    specs = schema.attributes
+    for a in proto.attribute:
+        spec = specs.get(a.name)
+        if spec is None:
+            known = ", ".join(sorted(specs)) or "none"
+            raise InvalidGraph(
+                f"{what} has attribute {a.name!r}, which {node.op_type}-{schema.since_version} "
+                f"does not define (it has: {known})"
+            )
+        if a.ref_attr_name:
+            continue
+        want = int(getattr(spec.type, "value", spec.type))
+        if a.type != want:
+            raise InvalidGraph(
+                f"{what}: attribute {a.name!r} is {AttributeProto.AttributeType.Name(a.type)}, but "
+                f"{node.op_type}-{schema.since_version} expects {AttributeProto.AttributeType.Name(want)}"
+            )
+    given = {a.name for a in proto.attribute}
+    for name, spec in specs.items():
+        if spec.required and name not in given:
+            raise InvalidGraph(f"{what} lacks its required attribute {name!r}")
+
+
+_ATTRIBUTE_FIELDS = {
+    AttributeProto.FLOAT: None, AttributeProto.INT: None, AttributeProto.STRING: None,
+    AttributeProto.TENSOR: "t", AttributeProto.GRAPH: "g", AttributeProto.SPARSE_TENSOR: "sparse_tensor",
+    AttributeProto.TYPE_PROTO: "tp", AttributeProto.FLOATS: None, AttributeProto.INTS: None,
+    AttributeProto.STRINGS: None, AttributeProto.TENSORS: None, AttributeProto.GRAPHS: None,
+    AttributeProto.SPARSE_TENSORS: None, AttributeProto.TYPE_PROTOS: None,
+}
+
+
+def _check_attribute(a: AttributeProto, node: str) -> None:
+    """An attribute must have a known type, and its tensors must match their shapes."""
+    if a.type == AttributeProto.UNDEFINED:
+        raise InvalidGraph(f"node {node!r}: attribute {a.name!r} has no type")
+    if a.type not in _ATTRIBUTE_FIELDS:
+        raise InvalidGraph(f"node {node!r}: attribute {a.name!r} has unknown type {a.type}")
+    if not a.name:
+        raise InvalidGraph(f"node {node!r} has an attribute with no name")
+    where = f"attribute {a.name!r} of node {node!r}"
+    if a.type == AttributeProto.TENSOR:
+        check_tensor_data(a.t, where)
+    elif a.type == AttributeProto.TENSORS:
+        for t in a.tensors:
+            check_tensor_data(t, where)
+    elif a.type == AttributeProto.SPARSE_TENSOR:
+        _sparse_to_dense(a.sparse_tensor, where)
+    elif a.type == AttributeProto.SPARSE_TENSORS:
+        for st in a.sparse_tensors:
+            _sparse_to_dense(st, where)
+
+
+def _sparse_to_dense(st, where: str = "") -> np.ndarray:
+    label = repr(st.values.name or where or "<unnamed>")
+    values = tensor_to_array(st.values, where)
+    indices = tensor_to_array(st.indices, where)
     dims = list(st.dims)
-    dense = np.zeros(int(np.prod(dims)) if dims else 1, dtype=values.dtype)
-    total = dense.size
-    if indices.ndim == 1:
+    if any(d < 0 for d in dims):
+        raise InvalidGraph(f"sparse tensor {label} has a negative dimension {dims}")
+    try:
+        check_allocation(dims, values.dtype, f"sparse tensor {label}")
+    except InvalidArgument as e:
+        raise InvalidGraph(str(e)) from None
+    if indices.dtype.kind not in "iu":
+        raise InvalidGraph(f"sparse tensor {label}: indices must be integers, not {indices.dtype}")
+    indices = indices.astype(np.int64)
+    nnz = values.size
+    total = int(np.prod(dims)) if dims else 1
+    if values.ndim != 1:
+        raise InvalidGraph(f"sparse tensor {label}: values must be 1-D, not shape {list(values.shape)}")
+    if indices.ndim == 1 and indices.shape[0] == nnz:
         flat = indices
+    elif indices.ndim == 2 and indices.shape == (nnz, len(dims)):
+        if nnz and ((indices < 0).any() or (indices >= np.asarray(dims, np.int64)).any()):
+            raise InvalidGraph(f"sparse tensor {label} has an index outside its shape {dims}")
+        flat = np.ravel_multi_index(tuple(indices.T), dims) if nnz else indices.reshape(-1)
     else:
-        flat = np.ravel_multi_index(tuple(indices.T), dims) if indices.size else indices.reshape(-1)
+        raise InvalidGraph(
+            f"sparse tensor {label}: indices of shape {list(indices.shape)} do not fit {nnz} values "
+            f"in a tensor of shape {dims}"
+        )
     if flat.size and (flat.min() < 0 or flat.max() >= total):
-        raise InvalidGraph(f"sparse tensor {st.values.name!r} has an index outside its shape {dims}")
-    dense[flat] = values.reshape(-1)
+        raise InvalidGraph(f"sparse tensor {label} has an index outside its shape {dims}")
+    dense = np.zeros(total, dtype=values.dtype)
+    dense[flat] = values
     return dense.reshape(dims)

@@ -3,7 +3,10 @@
 Model files come from strangers, so external data is resolved here rather than by
 ``onnx.load``: every location must be a relative path that stays inside the model's
 folder, with no ``..``, no absolute path, no symlink on the way and no file with
-several hard links; offset and length are checked against the real file size.
+several hard links; offset and length are checked against the real file size and
+the allocation limit. The known keys are onnx's: ``location``, ``offset``, ``length``,
+``checksum`` and ``basepath``; ``basepath`` is accepted but never used, since locations
+always resolve against the model's own folder, and ``checksum`` is not verified.
 """
 
 from __future__ import annotations
@@ -12,11 +15,13 @@ import os
 import stat
 from pathlib import Path
 
+import numpy as np
 import onnx
 from google.protobuf.message import DecodeError
 from onnx import ModelProto, TensorProto
 
 from .errors import InvalidArgument, InvalidGraph, InvalidProtobuf, NoSuchFile, NotImplemented
+from .limits import check_allocation
 
 __all__ = ["load_model", "check_versions", "MAX_IR_VERSION", "MAX_OPSETS"]
 
@@ -62,6 +67,7 @@ def load_model(model, *, base_dir: str | os.PathLike | None = None) -> tuple[Mod
         )
     if not proto.HasField("graph"):
         raise InvalidGraph("the model has no graph")
+    _check_text(proto, "model")
     _load_external_data(proto, model_dir)
     return proto, model_dir
 
@@ -72,7 +78,7 @@ def _parse(data: bytes, where: str) -> ModelProto:
     proto = ModelProto()
     try:
         proto.ParseFromString(data)
-    except (DecodeError, RuntimeError, ValueError) as e:
+    except (DecodeError, RuntimeError, ValueError, RecursionError) as e:
         raise InvalidProtobuf(f"{where}: not a valid ONNX model protobuf ({e})") from None
     if not proto.HasField("graph") and proto.ir_version == 0:
         raise InvalidProtobuf(f"{where}: not an ONNX model (no ir_version and no graph)")
@@ -105,6 +111,29 @@ def check_versions(proto: ModelProto) -> dict[str, int]:
             f"model uses ai.onnx.ml opset {ml}; the newest supported is {MAX_OPSETS['ai.onnx.ml']}"
         )
     return opsets
+
+
+def _repeated(field) -> bool:
+    # newer protobuf releases drop ``label`` in favour of ``is_repeated``
+    if hasattr(field, "is_repeated"):
+        return field.is_repeated
+    return field.label == field.LABEL_REPEATED
+
+
+def _check_text(msg, where: str) -> None:
+    """Every string field must be text: protobuf hands invalid UTF-8 back as bytes."""
+    for field, value in msg.ListFields():
+        if field.type == field.TYPE_STRING:
+            values = value if _repeated(field) else (value,)
+            for v in values:
+                if not isinstance(v, str):
+                    raise InvalidProtobuf(f"{where}.{field.name} is not valid UTF-8: {bytes(v)[:40]!r}")
+        elif field.type == field.TYPE_MESSAGE:
+            if _repeated(field):
+                for i, v in enumerate(value):
+                    _check_text(v, f"{where}.{field.name}[{i}]")
+            else:
+                _check_text(value, f"{where}.{field.name}")
 
 
 # -- external data ------------------------------------------------------------------
@@ -176,6 +205,10 @@ def _load_external_data(proto: ModelProto, model_dir: Path | None) -> None:
                 f"tensor {t.name!r}: external data [{offset}, {offset + length}) runs past the end "
                 f"of {location!r} ({size} bytes)"
             )
+        try:
+            check_allocation([length], np.uint8, f"external data of tensor {t.name!r}")
+        except InvalidArgument as e:
+            raise InvalidGraph(str(e)) from None
         with open(path, "rb") as f:
             f.seek(offset)
             t.raw_data = f.read(length)

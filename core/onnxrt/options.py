@@ -7,6 +7,7 @@ import os
 from typing import Any
 
 from .errors import InvalidArgument
+from .limits import default_max_allocation_bytes
 
 __all__ = [
     "GraphOptimizationLevel",
@@ -17,8 +18,9 @@ __all__ = [
     "DEFAULT_MAX_ALLOCATION_BYTES",
 ]
 
-#: The default cap on any single tensor a model may make (constant folding or run time).
-DEFAULT_MAX_ALLOCATION_BYTES = 8 << 30
+#: The default cap on any single tensor a model may make (initializers, constant folding
+#: or run time): half the memory this process can have (see :mod:`onnxrt.limits`).
+DEFAULT_MAX_ALLOCATION_BYTES = default_max_allocation_bytes()
 
 
 def default_thread_count() -> int:
@@ -51,7 +53,8 @@ class SessionOptions:
 
     Beyond onnxruntime: ``disabled_optimizers`` (transform names to skip) and
     ``max_allocation_bytes`` (cap on any single tensor, guarding against models that
-    declare huge constants or shapes).
+    declare huge constants or shapes; the session config entry
+    ``session.max_allocation_bytes`` overrides it).
     """
 
     def __init__(self) -> None:
@@ -86,6 +89,9 @@ class SessionOptions:
         elif name in ("intra_op_num_threads", "inter_op_num_threads"):
             if not isinstance(value, int) or value < 0:
                 raise InvalidArgument(f"{name} must be a non-negative int, not {value!r}")
+        elif name == "max_allocation_bytes":
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise InvalidArgument(f"max_allocation_bytes must be a positive int, not {value!r}")
         elif name == "log_severity_level":
             if value not in (0, 1, 2, 3, 4):
                 raise InvalidArgument(f"log_severity_level must be 0..4, not {value!r}")

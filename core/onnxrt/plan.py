@@ -16,6 +16,7 @@ from typing import Any, Callable
 import numpy as np
 
 from .errors import Fail, InvalidArgument, OnnxRtError, RuntimeException
+from .limits import _limit
 
 __all__ = ["Step", "Plan", "PlanBuilder", "RunContext"]
 
@@ -37,6 +38,9 @@ class Step:
     implicit: tuple[tuple[str, int], ...] = ()
     is_copy: bool = False
     output_names: tuple[str, ...] = ()
+    #: copy steps: the devices the value moves between (device-resident IOBinding reads them)
+    src_device: Any = None
+    dst_device: Any = None
 
 
 class RunContext:
@@ -83,10 +87,16 @@ class Plan:
         if outer:
             for name, slot in self.outer_slots.items():
                 vals[slot] = outer[name]
-        if ctx is None or (ctx.run_options is None and ctx.profiler is None):
-            self._loop(vals, ctx)
-        else:
-            self._loop_checked(vals, ctx)
+        # kernels read the cap through onnxrt.limits.check_allocation
+        token = _limit.set(self.max_bytes) if _limit.get() != self.max_bytes else None
+        try:
+            if ctx is None or (ctx.run_options is None and ctx.profiler is None):
+                self._loop(vals, ctx)
+            else:
+                self._loop_checked(vals, ctx)
+        finally:
+            if token is not None:
+                _limit.reset(token)
         return [vals[s] for s in self.output_slots]
 
     def _loop(self, vals: list, ctx) -> None:
@@ -214,7 +224,7 @@ class PlanBuilder:
                 fn = _copy_fn(lambda x, a=src, b=dst: b.from_host(a.to_host(x)))
             self.steps.append(
                 Step(fn, (v.slot,), (s,), (), f"copy:{name}", "MemcpyToHost" if dst.is_host else "MemcpyFromHost",
-                     f"{src.kind}->{dst.kind}", is_copy=True, output_names=(name,))
+                     f"{src.kind}->{dst.kind}", is_copy=True, output_names=(name,), src_device=src, dst_device=dst)
             )
             self.copies[key] = s
         return s

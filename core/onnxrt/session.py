@@ -16,11 +16,14 @@ import numpy as np
 import onnx
 from onnx import ModelProto
 
-from .errors import Fail, InvalidArgument, InvalidGraph, NotImplemented
+from .errors import Fail, InvalidArgument, InvalidGraph, NotImplemented, OnnxRtError
 from .functions import expand_functions
 from .ir import Graph, Node
 from .kernel import NodeInfo, decode_attribute
+from .limits import CONFIG_KEY as LIMIT_CONFIG_KEY
+from .limits import limit_allocations
 from .load import check_versions, load_model
+from .logs import session_logging
 from .optimizer import OptimizeContext, run_transforms
 from .options import RunOptions, SessionOptions
 from .partition import cpu_preferred_nodes
@@ -112,14 +115,17 @@ class InferenceSession:
 
         self._profiler = Profiler(self._sess_options) if self._sess_options.enable_profiling else None
         t0 = self._profiler.now() if self._profiler else 0
-        proto, self._model_dir = load_model(path_or_bytes)
-        self._opsets = check_versions(proto)
-        self._proto = proto
-        self._threads = ThreadSettings(self._sess_options.intra_op_num_threads)
-        self._lock = threading.Lock()
-        # IR < 4 lists every initializer as an input; only IR >= 4 makes them overridable
-        self._ir_overridable = proto.ir_version >= 4
-        self._built = self._build(providers, provider_options)
+        self._max_bytes = _max_allocation_bytes(self._sess_options)
+        with limit_allocations(self._max_bytes):
+            proto, self._model_dir = load_model(path_or_bytes)
+            self._opsets = check_versions(proto)
+            self._proto = proto
+            self._threads = ThreadSettings(self._sess_options.intra_op_num_threads)
+            self._lock = threading.Lock()
+            # IR < 4 lists every initializer as an input; only IR >= 4 makes them overridable
+            self._ir_overridable = proto.ir_version >= 4
+            with session_logging(self._sess_options):  # log_severity_level 0/1 shows the partition decisions
+                self._built = self._build(providers, provider_options)
         self._describe_io(self._built.graph)
         if self._profiler:
             self._profiler.session_event("model_loading_and_initialization", t0)
@@ -165,12 +171,28 @@ class InferenceSession:
                 f"disabled_optimizers names unknown transforms: {', '.join(sorted(unknown))}; "
                 f"known: {', '.join(_transformer_names())}"
             )
-        octx = OptimizeContext(built.providers, info, cpu.kernel_registry(), so.max_allocation_bytes, so)
-        if run_transforms(graph, octx, level, "expand", set()):
+        octx = OptimizeContext(built.providers, info, cpu.kernel_registry(), self._max_bytes, so)
+
+        def transform(phase: str, skip: set) -> bool:
+            try:
+                return run_transforms(graph, octx, level, phase, skip)
+            except OnnxRtError:
+                raise
+            except Exception as e:  # noqa: BLE001
+                # transforms see models that parse and validate but can still be
+                # inconsistent (a Conv bias of the wrong shape); say so, typed, with
+                # the cause chained, rather than let a raw exception escape
+                raise Fail(
+                    f"a {phase!r} graph transform failed on this model: {type(e).__name__}: {e}. "
+                    "The model may be malformed; SessionOptions.graph_optimization_level = "
+                    "ORT_DISABLE_ALL skips the optional transforms"
+                ) from e
+
+        if transform("expand", set()):
             walk_expand(graph)
-        run_transforms(graph, octx, level, "pre", disabled)
+        transform("pre", disabled)
         self._partition(graph, built, info, top=True)
-        run_transforms(graph, octx, level, "post", disabled)
+        transform("post", disabled)
         built.graph = graph
         built.plan = self._compile(graph, built, info, top=True)
         built.const_roots = {id(array_root(v)) for v in graph.initializers.values()}
@@ -268,7 +290,7 @@ class InferenceSession:
     def _compile(self, graph: Graph, built: _Built, info: "_NodeInfoFactory", top: bool) -> Plan:
         so = self._sess_options
         by_name = {p.name: p for p in built.providers}
-        builder = PlanBuilder(HostDevice(), so.max_allocation_bytes)
+        builder = PlanBuilder(HostDevice(), self._max_bytes)
         overridable = set(graph.input_names()) if (self._ir_overridable or not top) else set()
         for vi in graph.inputs:
             if vi.name not in graph.initializers:
@@ -322,7 +344,8 @@ class InferenceSession:
     def _save_optimized(self, graph: Graph, path: str) -> None:
         model = onnx.helper.make_model(
             graph.to_proto(),
-            opset_imports=[onnx.helper.make_opsetid(d, v) for d, v in self._opsets.items()],
+            # fusions add domains (com.microsoft) to the graph's opsets
+            opset_imports=[onnx.helper.make_opsetid(d, v) for d, v in {**graph.opsets, **self._opsets}.items()],
             ir_version=self._proto.ir_version,
             producer_name="onnxrt",
         )
@@ -376,7 +399,8 @@ class InferenceSession:
 
     def set_providers(self, providers=None, provider_options=None) -> None:
         """Rebuild the session with other providers."""
-        built = self._build(providers, provider_options)
+        with session_logging(self._sess_options), limit_allocations(self._max_bytes):
+            built = self._build(providers, provider_options)
         with self._lock:
             self._built = built
 
@@ -448,6 +472,20 @@ class InferenceSession:
 
     def __repr__(self) -> str:
         return f"<InferenceSession providers={self.get_providers()}>"
+
+
+def _max_allocation_bytes(so: SessionOptions) -> int:
+    """The session's allocation cap: the config entry if set, else the option."""
+    text = so._config.get(LIMIT_CONFIG_KEY)
+    if text is None:
+        return int(so.max_allocation_bytes)
+    try:
+        value = int(text.strip())
+    except ValueError:
+        value = 0
+    if value <= 0:
+        raise InvalidArgument(f"session config entry {LIMIT_CONFIG_KEY!r} must be a positive integer, not {text!r}")
+    return value
 
 
 def _transformer_names() -> list[str]:

@@ -14,6 +14,7 @@ import itertools
 import numpy as np
 
 from onnxrt.kernel import Kernel
+from onnxrt.limits import check_allocation
 
 from ..registry import op
 
@@ -238,6 +239,10 @@ class Resize(Kernel):
             roi, scales, sizes = None, roi, None
         axes, scale, out, starts, ends = self._geometry(X, roi, scales, sizes)
         in_dt = np.dtype(X.dtype)
+        # intermediates are computed in float64 at worst
+        check_allocation(out, np.float64 if self.mode != "nearest" else in_dt, f"{self.node.describe()} output")
+        for ax in axes:
+            check_allocation((out[ax], 4), np.float64, f"{self.node.describe()} interpolation table")
         if self.mode != "nearest" and in_dt.kind not in "fiu" and in_dt != np.float16:
             if in_dt.kind != "V":  # ml_dtypes floats (bfloat16) have kind 'V'
                 raise ValueError(f"{self.node.describe()}: mode {self.mode!r} needs numeric input, got {in_dt}")
@@ -461,6 +466,7 @@ def affine_grid(k, theta, size, *, align_corners=0):
     N = size[0]
     spatial = size[2:]
     r = len(spatial)
+    check_allocation([N, *spatial, r], np.float64, f"{k.node.describe()} output")
     if theta.shape != (N, r, r + 1):
         raise ValueError(f"{k.node.describe()}: theta must be {(N, r, r + 1)} for size {size}, got {theta.shape}")
     dt = np.dtype(theta.dtype)

@@ -11,6 +11,7 @@ import math
 import numpy as np
 
 from onnxrt.kernel import Kernel
+from onnxrt.limits import check_allocation
 
 from ..registry import op
 
@@ -255,6 +256,9 @@ class OneHot(Kernel):
         axis = self.axis + r + 1 if self.axis < 0 else self.axis
         if not 0 <= axis <= r:
             raise ValueError(f"OneHot: axis {self.axis} out of range for output rank {r + 1}")
+        out_shape = list(indices.shape)
+        out_shape.insert(axis, depth)
+        check_allocation(out_shape, values.dtype, "OneHot output")
         idx = indices.astype(np.int64, copy=False)
         idx = np.where(idx < 0, idx + depth, idx)
         shape = [1] * (r + 1)

@@ -16,6 +16,7 @@ import numpy as np
 
 from onnxrt.dtypes import np_dtype
 from onnxrt.kernel import Kernel
+from onnxrt.limits import check_allocation
 
 from ..registry import op
 
@@ -65,7 +66,8 @@ def _shape_attr(k) -> tuple:
         raise ValueError(f"{k.node.describe()}: attribute 'shape' is required")
     if any(d < 0 for d in shape):
         raise ValueError(f"{k.node.describe()}: shape {shape} has a negative dimension")
-    return tuple(int(d) for d in shape)
+    # refused when the session is built, before any run tries to allocate it
+    return check_allocation(shape, _F64, f"{k.node.describe()} output")
 
 
 def _gen_dtype(dt: np.dtype) -> np.dtype:
@@ -166,6 +168,9 @@ class Multinomial(_RandomKernel):
         batch, classes = x.shape
         if classes == 0:
             raise ValueError("Multinomial: class_size is 0")
+        if self.sample_size < 1:
+            raise ValueError(f"Multinomial: sample_size {self.sample_size} must be positive")
+        check_allocation((batch, self.sample_size), _F64, "Multinomial samples")
         logits = x.astype(_F64)
         w = np.exp(logits - np.max(logits, axis=1, keepdims=True))
         cdf = np.cumsum(w, axis=1)

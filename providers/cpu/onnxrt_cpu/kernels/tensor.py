@@ -15,6 +15,7 @@ from onnx import numpy_helper
 
 from onnxrt.dtypes import np_dtype
 from onnxrt.kernel import Kernel
+from onnxrt.limits import check_allocation
 
 from ..registry import op
 
@@ -119,9 +120,7 @@ class ConstantOfShape(Kernel):
         self.dtype = v.dtype
 
     def run(self, shape):
-        dims = tuple(_ints(shape))
-        if any(d < 0 for d in dims):
-            raise ValueError(f"ConstantOfShape: negative dimension in shape {dims}")
+        dims = check_allocation(_ints(shape), self.dtype, "ConstantOfShape output")
         if not self.fill.any() and self.dtype != object:
             return (self.xp.zeros(dims, dtype=self.dtype),)
         return (self.xp.full(dims, self.fill, dtype=self.dtype),)
@@ -447,6 +446,7 @@ class Expand(Kernel):
             raise ValueError(f"Expand: input shape {x.shape} cannot broadcast to {list(dims)}") from None
         if out == x.shape:
             return (x.view(),)
+        check_allocation(out, x.dtype, "Expand output")
         return (self.xp.broadcast_to(x, out).copy(),)
 
 
@@ -464,6 +464,7 @@ class Tile(Kernel):
                 raise ValueError(f"Tile: {len(reps)} repeats for input of rank {x.ndim}")
         if any(r < 0 for r in reps):
             raise ValueError(f"Tile: negative repeats {reps}")
+        check_allocation([d * r for d, r in zip(x.shape, reps)], x.dtype, "Tile output")
         return (self.xp.tile(x, reps),)
 
 
@@ -529,6 +530,7 @@ def _pad(xp, x, pads, axes, mode, value):
             raise ValueError(f"Pad: pads {list(pads)} give a negative output shape {shape}")
         if shape == x.shape and not any(before):
             return x.view()
+        check_allocation(shape, x.dtype, "Pad output")
         if x.dtype != object and value == 0:
             out = xp.zeros(shape, dtype=x.dtype)
         else:
@@ -556,6 +558,7 @@ def _pad(xp, x, pads, axes, mode, value):
         after = [max(e, 0) for e in after]
     if not any(before) and not any(after):
         return x.view()
+    check_allocation([d + b + e for d, b, e in zip(x.shape, before, after)], x.dtype, "Pad output")
     for a in range(r):
         if (before[a] or after[a]) and x.shape[a] == 0:
             raise ValueError(f"Pad: cannot pad an empty axis {a} in {mode} mode")
@@ -612,8 +615,13 @@ class Range(Kernel):
         if d == 0:
             raise ValueError("Range: delta cannot be 0")
         if dt.kind in "iu":
+            s, l, d = int(s), int(l), int(d)
+            check_allocation([max(-((s - l) // d), 0)], dt, "Range output")
             return (self.xp.arange(s, l, d, dtype=dt),)
+        if not all(math.isfinite(v) for v in (s, l, d)):
+            raise ValueError(f"Range: start {s}, limit {l} and delta {d} must be finite")
         n = max(math.ceil((l - s) / d), 0)
+        check_allocation([n], dt, "Range output")
         work = np.float64 if dt == np.float64 else np.float32
         out = self.xp.arange(n, dtype=work) * work(d) + work(s)
         return (out.astype(dt, copy=False),)
@@ -769,6 +777,9 @@ class Upsample(Kernel):
             sc = np.asarray(scales, dtype=np.float64).reshape(-1).tolist()
         if len(sc) != x.ndim:
             raise ValueError(f"Upsample: {len(sc)} scales for input of rank {x.ndim}")
+        if not all(math.isfinite(s) and s > 0 for s in sc):
+            raise ValueError(f"Upsample: scales {sc} must be positive and finite")
+        check_allocation([int(math.floor(d * s)) for d, s in zip(x.shape, sc)], np.float64, "Upsample output")
         y = x
         for a, s in enumerate(sc):
             if s == 1:
