@@ -4,6 +4,8 @@ import numpy as np
 import pytest
 from onnx import helper
 
+import onnxrt as ort
+
 from .util import BASIC, OFF, assert_same_outputs, f32, model, ops, session, vi
 
 
@@ -113,3 +115,10 @@ def test_matmul_output_read_twice_is_not_fused():
     m = model([helper.make_node("MatMul", ["a", "w"], ["p"]), helper.make_node("Add", ["p", "bias"], ["y"])],
               [vi("a", [3, 6])], [vi("y", [3, 5]), vi("p", [3, 5])], {"w": f32(6, 5), "bias": f32(5)})
     assert ops(session(m)) == {"MatMul": 1, "Add": 1}
+
+
+def test_conv_with_a_misshapen_bias_is_not_folded_and_fails_as_the_kernel_reports():
+    m = conv_then(BN, inits=dict(bn_params(), b=f32(2, 2, seed=2)))
+    with pytest.raises(ort.OnnxRtError):
+        session(m).run(None, FEEDS)
+    assert ops(session(m, disabled=[]))["BatchNormalization"] == 1

@@ -238,3 +238,32 @@ def test_check_allocation_helper_contract():
             assert allocation_limit() == 1000
         assert allocation_limit() == 100
     assert allocation_limit() == default_max_allocation_bytes()
+
+
+def _loop_model():
+    """A Loop whose trip count is fed, emitting a 64 KiB scan slice per iteration."""
+    body = helper.make_graph(
+        [
+            helper.make_node("Identity", ["cond_in"], ["cond_out"]),
+            helper.make_node("ConstantOfShape", ["shape"], ["slice"],
+                             value=helper.make_tensor("v", F, [1], [1.0])),
+        ],
+        "body",
+        [_vi("i", I64, []), _vi("cond_in", TensorProto.BOOL, [])],
+        [_vi("cond_out", TensorProto.BOOL, []), _vi("slice", F, [16384])],
+        initializer=[numpy_helper.from_array(np.array([16384], np.int64), "shape")],
+    )
+    node = helper.make_node("Loop", ["M", "c"], ["scan"], body=body)
+    return make_model([node], [_vi("M", I64, []), _vi("c", TensorProto.BOOL, [])], [_vi("scan", F, None)])
+
+
+def test_loop_scan_output_growing_past_the_cap_is_refused():
+    sess = ort.InferenceSession(_loop_model(), sess_options=_capped(), providers=["CPUExecutionProvider"])
+    (ok,) = sess.run(None, {"M": np.array(8, np.int64), "c": np.array(True)})
+    assert ok.shape == (8, 16384) and np.all(ok == 1.0)
+    # 1 MiB / 64 KiB = 16 slices fit; a fed trip count of a million must stop at the cap
+    feed = {"M": np.array(1_000_000, np.int64), "c": np.array(True)}
+    with pytest.raises(ort.InvalidArgument, match="Loop scan output 0"):
+        sess.run(None, feed)
+    (again,) = sess.run(None, {"M": np.array(3, np.int64), "c": np.array(True)})
+    assert again.shape == (3, 16384)

@@ -35,8 +35,11 @@ def _foldable_conv(view: GraphView, name: str):
     w = view.const(conv.inputs[1])
     if w is None or w.dtype.kind != "f" or w.ndim < 3:
         return None
-    if len(conv.inputs) > 2 and conv.inputs[2] and view.const(conv.inputs[2]) is None:
-        return None
+    if len(conv.inputs) > 2 and conv.inputs[2]:
+        b = view.const(conv.inputs[2])
+        # a bias of any other shape is an invalid Conv: leave it for the kernel to report
+        if b is None or b.shape != (w.shape[0],):
+            return None
     return conv
 
 

@@ -11,6 +11,7 @@ import numpy as np
 
 from onnxrt.dtypes import np_dtype
 from onnxrt.kernel import Kernel
+from onnxrt.limits import check_allocation
 
 from ..registry import op
 
@@ -72,7 +73,13 @@ class Loop(Kernel):
             keep_going = bool(np.asarray(outs[0]).reshape(-1)[0])
             values = list(outs[1 : 1 + self.n_carried])
             for k in range(self.n_scan):
-                scans[k].append(outs[1 + self.n_carried + k])
+                s = outs[1 + self.n_carried + k]
+                scans[k].append(s)
+                if not isinstance(s, list):
+                    # the stacked scan output grows with every iteration, and a fed trip
+                    # count can make it unbounded: hold it to the allocation cap as it grows
+                    s = np.asarray(s)
+                    check_allocation((len(scans[k]),) + s.shape, s.dtype, f"Loop scan output {k}")
             i += 1
         results = list(values)
         for k in range(self.n_scan):
