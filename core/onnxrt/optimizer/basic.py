@@ -223,10 +223,23 @@ def shape_folding(graph, ctx) -> bool:
     return changed
 
 
-def constant_folding(graph, ctx) -> bool:
-    """Run nodes whose inputs are all constant once, and keep their outputs."""
+def _qdq_fusions_follow(ctx) -> bool:
+    so = getattr(ctx, "session_options", None)
+    level = getattr(so, "graph_optimization_level", GraphOptimizationLevel.ORT_ENABLE_BASIC)
+    return int(level) >= GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+
+
+def constant_folding(graph, ctx, fold_dequantize: bool | None = None) -> bool:
+    """Run nodes whose inputs are all constant once, and keep their outputs.
+
+    DequantizeLinear is not folded when the level-2 QDQ fusions follow (they read the
+    integers behind it, as onnxruntime's folding leaves it for its QDQ transformers);
+    their ``qdq_constant_folding`` folds what they leave, with ``fold_dequantize``.
+    """
     from ..kernel import NoKernelError
 
+    if fold_dequantize is None:
+        fold_dequantize = not _qdq_fusions_follow(ctx)
     consts = _constants(graph)
     outputs = set(graph.output_names())
     changed = False
@@ -235,6 +248,7 @@ def constant_folding(graph, ctx) -> bool:
         key = (n.domain, n.op_type)
         if (
             key in NEVER_FOLD
+            or (key == ("", "DequantizeLinear") and not fold_dequantize)
             or n.subgraphs
             or not all((not i) or i in consts for i in n.inputs)
             or not any(n.outputs)

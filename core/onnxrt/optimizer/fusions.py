@@ -4,7 +4,8 @@ Level 1 (basic, before partitioning, provider independent): ``conv_bn_fusion``,
 ``conv_add_fusion``, ``conv_mul_fusion``, ``matmul_add_fusion``.
 
 Level 2 (extended, after partitioning, only where the owning provider has the fused
-op's kernel): ``gelu_fusion``, ``fast_gelu_fusion``, ``bias_gelu_fusion``,
+op's kernel): the quantization fusions of ``quant_fusions`` (first, as
+onnxruntime runs its QDQ transformers first), ``gelu_fusion``, ``fast_gelu_fusion``, ``bias_gelu_fusion``,
 ``layer_norm_fusion``, ``simplified_layer_norm_fusion``, ``skip_layer_norm_fusion``,
 ``attention_fusion``, ``conv_activation_fusion``, ``gemm_activation_fusion``,
 ``transpose_cancellation``, ``transpose_matmul_fusion``, ``matmul_scale_fusion``, and
@@ -18,7 +19,7 @@ fusions that would otherwise take its pieces).
 from __future__ import annotations
 
 from ..options import GraphOptimizationLevel
-from . import fold_conv, fuse_activation, fuse_transformer, transpose
+from . import fold_conv, fuse_activation, fuse_transformer, quant_fusions, transpose
 from .attention import attention_fusion
 from .basic import dead_node_elimination
 
@@ -38,6 +39,7 @@ def register(reg) -> None:
     reg.add("conv_add_fusion", fold_conv.conv_add_fusion, basic)
     reg.add("conv_mul_fusion", fold_conv.conv_mul_fusion, basic)
     reg.add("matmul_add_fusion", fold_conv.matmul_add_fusion, basic)
+    quant_fusions.register(reg)
     reg.add("gelu_fusion", fuse_transformer.gelu_fusion, extended)
     reg.add("fast_gelu_fusion", fuse_transformer.fast_gelu_fusion, extended)
     reg.add("bias_gelu_fusion", fuse_transformer.bias_gelu_fusion, extended)

@@ -30,8 +30,9 @@ from .quantize import (
     _center,
     _check_matmul,
     _int_matmul,
+    absmax,
     centred_bound,
-    dynamic_quantize_linear,
+    int_matmul_f32,
 )
 
 __all__ = [
@@ -106,6 +107,24 @@ def requantize(v: np.ndarray, zero_point: int, dtype) -> np.ndarray:
     return v.astype(dtype)
 
 
+def _dequant_f32(q: np.ndarray, zero_point, scale) -> np.ndarray:
+    """``(q - zero_point) * scale`` in float32, converting and centring in one pass."""
+    v = np.subtract(q, np.float32(zero_point), dtype=_F32) if zero_point else q.astype(_F32)
+    v *= scale
+    return v
+
+
+def _requantize_inplace(v: np.ndarray, zero_point: int, dtype) -> np.ndarray:
+    """:func:`requantize` on a float32 ``v`` the caller no longer needs."""
+    dtype = np.dtype(dtype)
+    lo, hi = INT_RANGES[dtype]
+    np.rint(v, out=v)
+    if zero_point:
+        v += v.dtype.type(zero_point)
+    np.clip(v, lo, hi, out=v)
+    return v.astype(dtype)
+
+
 def _out_type(y_zero_point, x) -> np.dtype:
     return np.dtype(y_zero_point.dtype) if y_zero_point is not None else x.dtype
 
@@ -153,17 +172,16 @@ def qlinear_add(
         c_zero_point,
         "QLinearAdd",
     )
-    va = a.astype(_F32)
-    if za:
-        va -= np.float32(za)
-    va *= sa
-    vb = b.astype(_F32)
-    if zb:
-        vb -= np.float32(zb)
-    vb *= sb
-    v = np.add(va, vb)
+    va = _dequant_f32(a, za, sa)
+    vb = _dequant_f32(b, zb, sb)
+    # summed in place into the larger operand (the result's shape) when it has it
+    if va.shape == np.broadcast_shapes(va.shape, vb.shape):
+        va += vb
+        v = va
+    else:
+        v = np.add(va, vb)
     v /= sc
-    return requantize(v, zc, out)
+    return _requantize_inplace(v, zc, out)
 
 
 @op("QLinearMul", since=1, domain=MS)
@@ -182,15 +200,15 @@ def qlinear_mul(
         c_zero_point,
         "QLinearMul",
     )
-    va = a.astype(_F32)
-    if za:
-        va -= np.float32(za)
-    vb = b.astype(_F32)
-    if zb:
-        vb -= np.float32(zb)
-    v = np.multiply(va, vb)
+    va = np.subtract(a, np.float32(za), dtype=_F32) if za else a.astype(_F32)
+    vb = np.subtract(b, np.float32(zb), dtype=_F32) if zb else b.astype(_F32)
+    if va.shape == np.broadcast_shapes(va.shape, vb.shape):
+        va *= vb
+        v = va
+    else:
+        v = np.multiply(va, vb)
     v *= np.float32(sa * sb / sc)
-    return requantize(v, zc, out)
+    return _requantize_inplace(v, zc, out)
 
 
 # -- lookup-table activations ------------------------------------------------------------
@@ -544,6 +562,7 @@ class MatMulIntegerToFloat(Kernel):
         has_zp = len(ins) > 5 and ins[5]
         if 1 in c and (not has_zp or 5 in c):
             self.b_packed = _center_b_any(c[1], c.get(5) if has_zp else None, None)
+            self.b_max = absmax(self.b_packed)
 
     def run(
         self, a, b, a_scale, b_scale, a_zero_point=None, b_zero_point=None, bias=None
@@ -552,16 +571,32 @@ class MatMulIntegerToFloat(Kernel):
         _check_matmul(a, b, desc)
         A = _center(a, np.asarray(_zp(a_zero_point, a.dtype)), False, _F32)
         B = _center_b_any(b, b_zero_point, self.b_packed)
-        acc = _int_matmul(
+        y = int_matmul_f32(
             A,
             B,
             centred_bound(a.dtype, a_zero_point),
-            centred_bound(b.dtype, b_zero_point),
+            self.b_max if self.b_packed is not None else centred_bound(b.dtype, b_zero_point),
         )
         # scaled in float32, as onnxruntime does
-        y = acc.astype(_F32)
         y *= _scalar(a_scale, "a_scale") * _b_scale(b, b_scale)
         return (_bias(y, bias, desc),)
+
+
+def _dynamic_centred(x: np.ndarray):
+    """DynamicQuantizeLinear's ``q - zero_point`` as exact float32, with its scale and
+    zero point: ``clip(rint(x / s) + z, 0, 255) - z`` is ``clip(rint(x / s), -z, 255 - z)``
+    for these integers, which spares the uint8 round trip."""
+    if x.size == 0:
+        raise ValueError("DynamicQuantizeLinear: input is empty, its range is undefined")
+    xf = x.astype(_F32, copy=False)
+    hi = max(np.float32(0), np.float32(xf.max()))
+    lo = min(np.float32(0), np.float32(xf.min()))
+    scale = np.float32((hi - lo) if hi != lo else np.float32(1)) / np.float32(255)
+    zp = np.rint(np.clip(np.float32(0) - lo / scale, 0, 255))
+    v = np.divide(xf, scale, dtype=_F32)
+    np.rint(v, out=v)
+    np.clip(v, -zp, np.float32(255) - zp, out=v)
+    return v, scale, np.uint8(zp)
 
 
 @op("DynamicQuantizeMatMul", since=1, domain=MS)
@@ -576,15 +611,14 @@ class DynamicQuantizeMatMul(Kernel):
         has_zp = len(ins) > 3 and ins[3]
         if 1 in c and (not has_zp or 3 in c):
             self.b_packed = _center_b_any(c[1], c.get(3) if has_zp else None, None)
+            self.b_max = absmax(self.b_packed)
 
     def run(self, a, b, b_scale, b_zero_point=None, bias=None):
         desc = self.node.describe()
         _check_matmul(a, b, desc)
-        qa, sa, za = dynamic_quantize_linear(self, a)
-        A = _center(qa, za, False, _F32)
+        A, sa, za = _dynamic_centred(a)
         B = _center_b_any(b, b_zero_point, self.b_packed)
-        y = _int_matmul(
-            A, B, centred_bound(qa.dtype, za), centred_bound(b.dtype, b_zero_point)
-        ).astype(_F32)
+        bmax = self.b_max if self.b_packed is not None else centred_bound(b.dtype, b_zero_point)
+        y = int_matmul_f32(A, B, float(max(int(za), 255 - int(za))), bmax)
         y *= sa * _b_scale(b, b_scale)
         return (_bias(y, bias, desc),)

@@ -25,7 +25,8 @@ from ..parallel import matmul_nd
 from ..registry import op
 from .cast import SATURATING_F8, cast_array
 
-__all__ = ["DequantizeLinear", "MatMulInteger", "QLinearMatMul", "QuantizeLinear", "dynamic_quantize_linear"]
+__all__ = ["DequantizeLinear", "MatMulInteger", "QLinearMatMul", "QuantizeLinear", "dynamic_quantize_linear",
+           "int_matmul_f32"]
 
 _F32 = np.dtype(np.float32)
 _F64 = np.dtype(np.float64)
@@ -245,15 +246,17 @@ def dynamic_quantize_linear(k, x):
 def _center(m: np.ndarray, zp, per_row: bool, dtype=_F64) -> np.ndarray:
     """``m - zp`` as float64 or float32 (both exact for 8- and 16-bit values); per-row
     zero points of a 1-D shape apply to the rows of ``m``."""
-    v = np.array(m, dtype=dtype)
     if zp is None:
-        return v
+        return np.array(m, dtype=dtype)
     z = np.asarray(zp).astype(dtype)
     if z.size == 1:
         z = z.reshape(())
         if not z:
-            return v
-    elif per_row and z.ndim == 1 and m.ndim >= 2:
+            return np.array(m, dtype=dtype)
+        # one pass: the conversion and the subtraction together
+        return np.subtract(m, z, dtype=dtype)
+    v = np.array(m, dtype=dtype)
+    if per_row and z.ndim == 1 and m.ndim >= 2:
         z = z.reshape(-1, 1)
     if np.broadcast_shapes(v.shape, z.shape) == v.shape:
         v -= z
@@ -331,6 +334,17 @@ def _int_matmul(a: np.ndarray, b: np.ndarray, amax: float | None = None, bmax: f
     return acc.astype(np.int32)
 
 
+def int_matmul_f32(a: np.ndarray, b: np.ndarray, amax: float | None = None, bmax: float | None = None) -> np.ndarray:
+    """:func:`_int_matmul` as float32: the product itself when one float32 GEMM is
+    exact (no int32 round trip), else the int32 accumulator converted as
+    onnxruntime's requantization converts it (``float(int32)``)."""
+    k = a.shape[-1]
+    exact = amax is not None and bmax is not None and amax * bmax * k < _F32_EXACT
+    if exact and a.dtype == _F32 and b.dtype == _F32:
+        return matmul_nd(a, b)
+    return _int_matmul(a, b, amax, bmax).astype(_F32)
+
+
 @op("MatMulInteger", since=10)
 class MatMulInteger(Kernel):
     """MatMulInteger: int32 product of zero-point-adjusted 8-bit matrices."""
@@ -397,16 +411,27 @@ class QLinearMatMul(Kernel):
             A = _center(a.astype(_F32), zp, False)
         B = self.b_packed if self.b_packed is not None else self._centre_b(b, b_zero_point)
         exact = a.dtype.kind in "iu" and b.dtype.kind in "iu"
-        if exact:
-            bounds = centred_bound(a.dtype, a_zero_point), centred_bound(b.dtype, b_zero_point)
-            acc = _int_matmul(A, B, *bounds).astype(_F64)
-        else:
-            acc = np.matmul(A.astype(_F64, copy=False), B.astype(_F64, copy=False))
         sa = _row_param(a_scale, a)
         # the scale ratio is formed in the scales' own precision
         mult = (sa * np.asarray(b_scale)) / np.asarray(y_scale)
-        v = np.asarray(acc * mult.astype(_F64))
         out = a.dtype if y_zero_point is None else y_zero_point.dtype
+        bounds = centred_bound(a.dtype, a_zero_point), centred_bound(b.dtype, b_zero_point)
+        if exact and out in _BYTE_RANGES and mult.dtype == _F32 and None not in bounds:
+            # 8-bit in and out with float32 scales: the accumulator times the float32
+            # ratio, rounded, offset and saturated in float32 (onnxruntime's requantization)
+            v = int_matmul_f32(A, B, *bounds)
+            v *= mult
+            np.rint(v, out=v)
+            if y_zero_point is not None:
+                v += np.asarray(y_zero_point).astype(_F32)
+            lo, hi = _BYTE_RANGES[out]
+            np.clip(v, lo, hi, out=v)
+            return (v.astype(out),)
+        if exact:
+            acc = _int_matmul(A, B, *bounds).astype(_F64)
+        else:
+            acc = np.matmul(A.astype(_F64, copy=False), B.astype(_F64, copy=False))
+        v = np.asarray(acc * mult.astype(_F64))
         if out in INT_RANGES:
             lo, hi = INT_RANGES[out]
             v = np.rint(v)

@@ -1,0 +1,416 @@
+"""Quantization fusions: QDQ node units and dynamic-quantization chains become integer
+ops at level 2, and compute what the unfused graph (and onnxruntime) computes."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+from .util import ALL, BASIC, OFF, model, ops, session, vi
+
+ort = pytest.importorskip("onnxruntime")
+quantization = pytest.importorskip("onnxruntime.quantization")
+
+DATA = Path(__file__).resolve().parent.parent / "models" / "data"
+I8, U8 = TensorProto.INT8, TensorProto.UINT8
+
+
+def _q(name, out, scale, zp):
+    return helper.make_node("QuantizeLinear", [name, scale, zp], [out])
+
+
+def _dq(name, out, scale, zp, **attrs):
+    return helper.make_node("DequantizeLinear", [name, scale, zp], [out], **attrs)
+
+
+def _within_one_step(got, want, step):
+    """Outputs (dequantized) differ by at most one quantization step, and rarely."""
+    diff = np.abs(got.astype(np.float64) - want)
+    assert diff.max() <= step * 1.0001, diff.max() / step
+    assert (diff > step * 1e-3).mean() <= 0.02
+
+
+def _conv_model(*, w_scale=None, bias_scale=None, extra_output=False, y_zp=3):
+    """x -Q-DQ-> Conv(DQ(w), DQ(b)) -Q-DQ-> y, int8 activations and weights."""
+    rng = np.random.default_rng(0)
+    w = rng.integers(-127, 128, (8, 4, 3, 3)).astype(np.int8)
+    xs, ys = np.float32(0.05), np.float32(0.2)
+    ws = np.float32(0.01) if w_scale is None else w_scale
+    bias_scale = np.asarray(xs * ws, np.float32) if bias_scale is None else bias_scale
+    inits = {
+        "xs": xs, "xz": np.int8(-2), "w": w, "ws": ws, "wz": np.zeros(np.shape(ws), np.int8),
+        "b": rng.integers(-500, 500, 8).astype(np.int32), "bs": bias_scale,
+        "bz": np.zeros(np.shape(bias_scale), np.int32), "ys": ys, "yz": np.int8(y_zp),
+    }
+    nodes = [
+        _q("x", "xq", "xs", "xz"), _dq("xq", "xd", "xs", "xz"),
+        _dq("w", "wd", "ws", "wz", axis=0), _dq("b", "bd", "bs", "bz", axis=0),
+        helper.make_node("Conv", ["xd", "wd", "bd"], ["c"], pads=[1, 1, 1, 1]),
+        _q("c", "cq", "ys", "yz"), _dq("cq", "y", "ys", "yz"),
+    ]
+    outs = [vi("y", None)] + ([vi("c", None)] if extra_output else [])
+    return model(nodes, [vi("x", [2, 4, 9, 9])], outs, inits.items(), opset=13)
+
+
+def _x(shape, seed=1):
+    return {"x": np.random.default_rng(seed).standard_normal(shape).astype(np.float32)}
+
+
+def _compare(m, feeds, step, expect_fused, absent):
+    fused = session(m, ALL)
+    assert expect_fused <= set(ops(fused)), ops(fused)
+    assert not (absent & set(ops(fused))), ops(fused)
+    got = fused.run(None, feeds)[0]
+    want = session(m, OFF).run(None, feeds)[0]
+    _within_one_step(got, want, step)
+    return got
+
+
+def test_qdq_conv_becomes_qlinear_conv():
+    m = _conv_model()
+    _compare(m, _x([2, 4, 9, 9]), 0.2, {"QLinearConv"}, {"Conv"})
+
+
+def test_qdq_conv_per_channel_weights():
+    ws = np.linspace(0.005, 0.02, 8).astype(np.float32)
+    m = _conv_model(w_scale=ws)
+    _compare(m, _x([2, 4, 9, 9]), 0.2, {"QLinearConv"}, {"Conv"})
+
+
+def test_qdq_conv_not_fused_with_a_bias_scale_other_than_x_times_w():
+    m = _conv_model(bias_scale=np.asarray(0.05 * 0.01 * 1.5, np.float32))
+    assert ops(session(m, ALL))["Conv"] == 1
+
+
+def test_qdq_conv_not_fused_when_its_float_output_is_a_graph_output():
+    m = _conv_model(extra_output=True)
+    sess = session(m, ALL)
+    assert "QLinearConv" not in ops(sess)
+    got = sess.run(None, _x([2, 4, 9, 9]))
+    want = session(m, OFF).run(None, _x([2, 4, 9, 9]))
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g, w)
+
+
+def test_level_one_still_folds_weight_dequantization():
+    m = _conv_model()
+    basic = ops(session(m, BASIC))
+    assert basic["DequantizeLinear"] == 2  # the activation's and the output's
+    # at level 2 the ones left unfused are folded after the fusions
+    assert ops(session(m, ALL))["DequantizeLinear"] == 1
+
+
+def _binary_model(op, b_scale=0.03):
+    inits = {"as": np.float32(0.02), "az": np.uint8(120), "bs": np.float32(b_scale), "bz": np.uint8(128),
+             "cs": np.float32(0.04), "cz": np.uint8(100)}
+    nodes = [
+        _q("a", "aq", "as", "az"), _dq("aq", "ad", "as", "az"),
+        _q("b", "bq", "bs", "bz"), _dq("bq", "bd", "bs", "bz"),
+        helper.make_node(op, ["ad", "bd"], ["c"]),
+        _q("c", "cq", "cs", "cz"), _dq("cq", "y", "cs", "cz"),
+    ]
+    return model(nodes, [vi("a", [3, 16]), vi("b", [16])], [vi("y", None)], inits.items(), opset=13)
+
+
+@pytest.mark.parametrize("op", ["Add", "Mul"])
+def test_qdq_add_mul_become_qlinear(op):
+    rng = np.random.default_rng(2)
+    feeds = {"a": rng.standard_normal((3, 16)).astype(np.float32), "b": rng.standard_normal(16).astype(np.float32)}
+    _compare(_binary_model(op), feeds, 0.04, {f"com.microsoft:QLinear{op}"}, {op})
+
+
+def _matmul_model(quantized_out=True, n=5):
+    rng = np.random.default_rng(3)
+    inits = {"as": np.float32(0.03), "az": np.int8(4), "w": rng.integers(-127, 128, (16, n)).astype(np.int8),
+             "ws": np.float32(0.01), "wz": np.int8(0), "ys": np.float32(0.05), "yz": np.int8(-1)}
+    nodes = [
+        _q("x", "xq", "as", "az"), _dq("xq", "xd", "as", "az"), _dq("w", "wd", "ws", "wz"),
+        helper.make_node("MatMul", ["xd", "wd"], ["c" if quantized_out else "y"]),
+    ]
+    if quantized_out:
+        nodes += [_q("c", "cq", "ys", "yz"), _dq("cq", "y", "ys", "yz")]
+    return model(nodes, [vi("x", [2, 7, 16])], [vi("y", None)], inits.items(), opset=13)
+
+
+def test_qdq_matmul_becomes_qlinear_matmul():
+    _compare(_matmul_model(), _x([2, 7, 16]), 0.05, {"QLinearMatMul"}, {"MatMul"})
+
+
+def test_qdq_matmul_with_float_output_becomes_matmul_integer_to_float():
+    m = _matmul_model(quantized_out=False)
+    fused = session(m, ALL)
+    assert "com.microsoft:MatMulIntegerToFloat" in ops(fused)
+    got = fused.run(None, _x([2, 7, 16]))[0]
+    want = session(m, OFF).run(None, _x([2, 7, 16]))[0]
+    # the same integers, scaled once instead of per product: float32 rounding only
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def _pool_model(op, same=True, **attrs):
+    inits = {"s": np.float32(0.02), "z": np.int8(-5), "s2": np.float32(0.02 if same else 0.03), "z2": np.int8(-5)}
+    nodes = [
+        _q("x", "xq", "s", "z"), _dq("xq", "xd", "s", "z"),
+        helper.make_node(op, ["xd"], ["p"], **attrs),
+        _q("p", "pq", "s2", "z2"), _dq("pq", "y", "s2", "z2"),
+    ]
+    return model(nodes, [vi("x", [2, 3, 8, 8])], [vi("y", None)], inits.items(), opset=13)
+
+
+def test_qdq_maxpool_runs_on_integers():
+    m = _pool_model("MaxPool", kernel_shape=[2, 2], strides=[2, 2])
+    fused = session(m, ALL)
+    assert ops(fused)["QuantizeLinear"] == 1 and ops(fused)["MaxPool"] == 1
+    feeds = _x([2, 3, 8, 8])
+    # max commutes with a monotonic dequantization: exactly equal
+    np.testing.assert_array_equal(fused.run(None, feeds)[0], session(m, OFF).run(None, feeds)[0])
+
+
+def test_qdq_maxpool_kept_when_the_scales_differ():
+    m = _pool_model("MaxPool", same=False, kernel_shape=[2, 2], strides=[2, 2])
+    assert ops(session(m, ALL))["QuantizeLinear"] == 2
+
+
+def test_qdq_global_average_pool_becomes_qlinear():
+    m = _pool_model("GlobalAveragePool", same=False)
+    _compare(m, _x([2, 3, 8, 8]), 0.03, {"com.microsoft:QLinearGlobalAveragePool"}, {"GlobalAveragePool"})
+
+
+def test_qdq_gemm_becomes_qgemm():
+    rng = np.random.default_rng(4)
+    xs, ws = np.float32(0.03), np.float32(0.01)
+    inits = {"xs": xs, "xz": np.uint8(128), "w": rng.integers(-127, 128, (6, 16)).astype(np.int8),
+             "ws": ws, "wz": np.int8(0), "b": rng.integers(-300, 300, 6).astype(np.int32),
+             "bs": np.float32(xs * ws), "bz": np.int32(0)}
+    nodes = [
+        _q("x", "xq", "xs", "xz"), _dq("xq", "xd", "xs", "xz"), _dq("w", "wd", "ws", "wz"),
+        _dq("b", "bd", "bs", "bz"), helper.make_node("Gemm", ["xd", "wd", "bd"], ["y"], transB=1),
+    ]
+    m = model(nodes, [vi("x", [4, 16])], [vi("y", None)], inits.items(), opset=13)
+    fused = session(m, ALL)
+    assert "com.microsoft:QGemm" in ops(fused) and "Gemm" not in ops(fused)
+    np.testing.assert_allclose(fused.run(None, _x([4, 16]))[0], session(m, OFF).run(None, _x([4, 16]))[0],
+                               rtol=1e-5, atol=1e-6)
+
+
+def _lookup_model(dt, second_input=False, extra_reader=False):
+    """x -Q-DQ-> Div(1.414) -> Erf -> Add(1) -Q-DQ-> y (the Gelu pieces of a QDQ model)."""
+    zp = np.int8(-3) if dt == I8 else np.uint8(130)
+    inits = {"s": np.float32(0.03), "z": zp, "k": np.float32(1.4142135), "one": np.float32(1.0),
+             "ys": np.float32(0.008), "yz": np.zeros((), zp.dtype)}
+    nodes = [
+        _q("x", "xq", "s", "z"), _dq("xq", "xd", "s", "z"),
+        helper.make_node("Div", ["xd", "d" if second_input else "k"], ["t"]),
+        helper.make_node("Erf", ["t"], ["e"]),
+        helper.make_node("Add", ["e", "one"], ["a"]),
+        _q("a", "aq", "ys", "yz"), _dq("aq", "y", "ys", "yz"),
+    ]
+    inputs = [vi("x", [4, 33])] + ([vi("d", [])] if second_input else [])
+    outs = [vi("y", None)] + ([vi("e", None)] if extra_reader else [])
+    return model(nodes, inputs, outs, inits.items(), opset=13)
+
+
+@pytest.mark.parametrize("dt", [I8, U8])
+def test_qdq_elementwise_chain_becomes_a_table_lookup(dt):
+    m = _lookup_model(dt)
+    fused = session(m, ALL)
+    counts = ops(fused)
+    assert "Erf" not in counts and "Div" not in counts and counts["Gather"] == 1, counts
+    feeds = {"x": np.linspace(-6, 6, 132, dtype=np.float32).reshape(4, 33)}
+    got = fused.run(None, feeds)[0]
+    # the table holds what the float ops compute for each of the 256 inputs: equal
+    np.testing.assert_array_equal(got, session(m, OFF).run(None, feeds)[0])
+    assert len(np.unique(got)) > 20
+
+
+@pytest.mark.parametrize("kw", [{"second_input": True}, {"extra_reader": True}])
+def test_qdq_elementwise_chain_kept_when_not_a_function_of_x_alone(kw):
+    m = _lookup_model(I8, **kw)
+    assert ops(session(m, ALL))["Erf"] == 1
+
+
+def _dynamic_model(shared=False):
+    rng = np.random.default_rng(5)
+    inits = {"w": rng.integers(-127, 128, (16, 6)).astype(np.int8), "wz": np.int8(0),
+             "ws": np.float32(0.007), "bias": rng.standard_normal(6).astype(np.float32)}
+    nodes = [
+        helper.make_node("DynamicQuantizeLinear", ["x"], ["xq", "xs", "xz"]),
+        helper.make_node("Mul", ["xs", "ws"], ["scale"]),
+        helper.make_node("MatMulInteger", ["xq", "w", "xz", "wz"], ["acc"]),
+        helper.make_node("Cast", ["acc"], ["accf"], to=TensorProto.FLOAT),
+        helper.make_node("Mul", ["accf", "scale"], ["mm"]),
+        helper.make_node("Add", ["bias", "mm"], ["y"]),
+    ]
+    outs = [vi("y", None)]
+    if shared:
+        nodes += [helper.make_node("MatMulInteger", ["xq", "w", "xz", "wz"], ["acc2"]),
+                  helper.make_node("Cast", ["acc2"], ["acc2f"], to=TensorProto.FLOAT),
+                  helper.make_node("Mul", ["acc2f", "scale"], ["y2"])]
+        outs.append(vi("y2", None))
+    return model(nodes, [vi("x", [3, 4, 16])], outs, inits.items(), opset=13)
+
+
+@pytest.mark.parametrize("shared,fused_op", [(False, "DynamicQuantizeMatMul"), (True, "MatMulIntegerToFloat")])
+def test_dynamic_quantized_matmul_chain_is_fused(shared, fused_op):
+    m = _dynamic_model(shared)
+    fused = session(m, ALL)
+    counts = ops(fused)
+    assert counts[f"com.microsoft:{fused_op}"] == (2 if shared else 1), counts
+    assert "MatMulInteger" not in counts and "Cast" not in counts
+    feeds = _x([3, 4, 16])
+    # the same integer products, scaled by the same float32 product: bit for bit
+    for g, w in zip(fused.run(None, feeds), session(m, OFF).run(None, feeds)):
+        np.testing.assert_array_equal(g, w)
+
+
+def test_dynamic_chain_not_fused_when_an_intermediate_is_read_elsewhere():
+    m = _dynamic_model()
+    m.graph.output.append(vi("acc", None))
+    assert ops(session(m, ALL))["MatMulInteger"] == 1
+
+
+# -- models quantized by onnxruntime.quantization -------------------------------------
+
+
+class _Reader(quantization.CalibrationDataReader):
+    def __init__(self, feeds):
+        self._it = iter(feeds)
+
+    def get_next(self):
+        return next(self._it, None)
+
+
+def _feeds(name, n, seed):
+    rng = np.random.default_rng(seed)
+    if name == "resnet_small":
+        return {"image": rng.standard_normal((n, 3, 64, 64)).astype(np.float32)}
+    return {"input_ids": rng.integers(0, 100, (n, 32)).astype(np.int64)}
+
+
+@pytest.fixture(scope="module")
+def quantized(tmp_path_factory):
+    from onnxruntime.quantization import QuantFormat, quantize_dynamic, quantize_static
+    from onnxruntime.quantization.shape_inference import quant_pre_process
+
+    folder = tmp_path_factory.mktemp("quant_fusions")
+    logging.getLogger().setLevel(logging.ERROR)
+    paths = {}
+    for name in ("resnet_small", "transformer_encoder"):
+        pre = folder / f"{name}_pre.onnx"
+        quant_pre_process(str(DATA / f"{name}.onnx"), str(pre), skip_symbolic_shape=name == "transformer_encoder")
+        qdq = folder / f"{name}_qdq.onnx"
+        quantize_static(str(pre), str(qdq), _Reader([_feeds(name, 2, s) for s in range(3)]),
+                        quant_format=QuantFormat.QDQ)
+        paths[name, "qdq"] = qdq
+        if name == "transformer_encoder":
+            dyn = folder / f"{name}_dynamic.onnx"
+            quantize_dynamic(str(pre), str(dyn))
+            paths[name, "dynamic"] = dyn
+    return paths
+
+
+REAL = [
+    ("resnet_small", "qdq", {"QLinearConv": 9, "com.microsoft:QLinearAdd": 3, "com.microsoft:QGemm": 1,
+                             "com.microsoft:QLinearGlobalAveragePool": 1}, {"Conv", "Gemm", "Add"}),
+    ("transformer_encoder", "qdq", {"QLinearMatMul": 12, "com.microsoft:QLinearAdd": 17,
+                                    "com.microsoft:QLinearMul": 5, "com.microsoft:QGemm": 1},
+     {"MatMul", "Gemm", "Erf"}),
+    ("transformer_encoder", "dynamic", {"com.microsoft:DynamicQuantizeMatMul": 9},
+     {"MatMulInteger", "DynamicQuantizeLinear"}),
+]
+
+
+@pytest.mark.parametrize("name,fmt,expect,absent", REAL, ids=[f"{r[0]}-{r[1]}" for r in REAL])
+def test_real_quantized_models_fuse_and_match_onnxruntime(quantized, name, fmt, expect, absent):
+    path = quantized[name, fmt]
+    fused = session(path, ALL)
+    counts = ops(fused)
+    for op, n in expect.items():
+        assert counts[op] == n, (op, counts)
+    assert not (absent & set(counts)), counts
+    assert len(fused._built.graph.nodes) < len(onnx.load(str(path)).graph.node) * 0.7
+    feeds = _feeds(name, 4, 9)
+    got = fused.run(None, feeds)[0]
+    unfused = session(path, OFF).run(None, feeds)[0]
+    ref = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    # onnxruntime runs these node units as the same integer ops: the same results
+    np.testing.assert_allclose(got, ref, rtol=0, atol=1e-5)
+    # the unfused graph rounds in float: an int8 activation may land one step away,
+    # which moves the float output by a fraction of its range
+    assert np.abs(got - unfused).max() <= 0.02 * np.abs(unfused).max()
+
+
+# -- the integer convolution's batched channels-last path -----------------------------
+
+
+def _qconv_session(w, wz, b, const, x_type, **attrs):
+    names = ["x", "xs", "xz", "w", "ws", "wz", "ys", "yz"] + (["b"] if b is not None else [])
+    node = helper.make_node("QLinearConv", names, ["y"], **attrs)
+    inits = {"w": w, "wz": wz, "b": b} if const else {}
+    feeds = [vi("x", None, x_type)]
+    g = helper.make_graph([node], "g", feeds + [vi(n, None, TensorProto.UNDEFINED) for n in names[1:] if n not in inits],
+                          [vi("y", None, TensorProto.UNDEFINED)],
+                          initializer=[onnx.numpy_helper.from_array(v, k) for k, v in inits.items() if v is not None])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)], ir_version=10)
+    return session(m, OFF)
+
+
+@pytest.mark.parametrize("case", ["stem", "per_channel_bias", "long_k", "long_k_one_image", "uint8_one_by_one"])
+def test_qlinear_conv_constant_weight_path_matches_fed_weight(case, monkeypatch):
+    """Constant weights take a batched channels-last im2col (one copy and GEMMs split
+    over images, K cut into exact float32 chunks when long); fed weights take the
+    banded NCHW path. Both must give the same integers."""
+    rng = np.random.default_rng(11)
+    attrs, x_dt = {}, np.int8
+    ws = np.float32(0.003)
+    b = None
+    if case == "stem":
+        x = rng.integers(-128, 128, (5, 3, 20, 20))
+        w = rng.integers(-127, 128, (8, 3, 7, 7))
+        attrs = {"strides": [2, 2], "pads": [3, 3, 3, 3]}
+    elif case == "per_channel_bias":
+        x = rng.integers(-128, 128, (3, 6, 9, 7))
+        w = rng.integers(-127, 128, (10, 6, 3, 3))
+        ws = np.linspace(0.001, 0.004, 10).astype(np.float32)
+        b = rng.integers(-20000, 20000, 10).astype(np.int32)
+        attrs = {"pads": [1, 0, 1, 2], "strides": [1, 2]}
+    elif case.startswith("long_k"):
+        # K = 128 * 9 at the extremes: too long for one exact float32 product
+        x = np.where(rng.random((1 if case.endswith("image") else 4, 128, 5, 5)) < 0.5, -128, 127)
+        w = np.where(rng.random((16, 128, 3, 3)) < 0.5, -127, 127)
+        attrs = {"pads": [1, 1, 1, 1]}
+    else:
+        x_dt = np.uint8
+        x = rng.integers(0, 256, (6, 16, 8, 8))
+        w = rng.integers(-127, 128, (32, 16, 1, 1))
+        attrs = {"strides": [2, 2]}
+    x = x.astype(x_dt)
+    w = w.astype(np.int8)
+    wz = np.zeros(np.shape(ws), np.int8)
+    feeds = {"x": x, "xs": np.array(0.02, np.float32), "xz": np.array(3 if x_dt == np.uint8 else -4, x_dt),
+             "ws": np.asarray(ws), "ys": np.array(0.7, np.float32), "yz": np.array(2, np.int8)}
+    fed = dict(feeds, w=w, wz=wz, **({"b": b} if b is not None else {}))
+    x_type = I8 if x_dt == np.int8 else U8
+    from onnxrt_cpu.kernels import conv
+
+    taken = []
+    rows = conv._IntConvBase._accumulate_rows
+
+    def spy(self, *args):
+        r = rows(self, *args)
+        taken.append(r is not None)
+        return r
+
+    monkeypatch.setattr(conv._IntConvBase, "_accumulate_rows", spy)
+    got = _qconv_session(w, wz, b, True, x_type, **attrs).run(None, feeds)[0]
+    assert taken == [True]
+    want = _qconv_session(w, wz, b, False, x_type, **attrs).run(None, fed)[0]
+    assert taken == [True, False]
+    assert got.shape == want.shape and got.dtype == want.dtype == np.int8
+    assert got.flags.c_contiguous
+    np.testing.assert_array_equal(got, want)
+    assert len(np.unique(got)) > 10
