@@ -193,6 +193,7 @@ class InferenceSession:
         transform("pre", disabled)
         self._partition(graph, built, info, top=True)
         transform("post", disabled)
+        _report_fused_nodes(graph, built)
         built.graph = graph
         built.plan = self._compile(graph, built, info, top=True)
         built.const_roots = {id(array_root(v)) for v in graph.initializers.values()}
@@ -486,6 +487,22 @@ def _max_allocation_bytes(so: SessionOptions) -> int:
     if value <= 0:
         raise InvalidArgument(f"session config entry {LIMIT_CONFIG_KEY!r} must be a positive integer, not {text!r}")
     return value
+
+
+def _report_fused_nodes(graph: Graph, built: "_Built") -> None:
+    """Make the assignment report describe the nodes that run.
+
+    Post-partition fusions replace nodes with fused ones (Conv + Relu becomes
+    FusedConv on the provider that owned both); the report lists the graph as it
+    runs, and a fused node keeps the refusal reasons recorded for the node whose
+    name it took.
+    """
+    recorded = {d["node"]: d for d in built.assignment}
+    built.assignment = [
+        {"node": n.name, "op_type": n.op_type, "provider": n.provider,
+         "reason": recorded.get(n.name, {}).get("reason", "")}
+        for n in graph.nodes
+    ]
 
 
 def _transformer_names() -> list[str]:

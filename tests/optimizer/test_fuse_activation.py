@@ -127,3 +127,11 @@ def test_no_fusion_across_providers(fake_provider):
         assert by_op == {"Conv": "CPUExecutionProvider", "Relu": "FakeDeviceExecutionProvider",
                          **({"Add": "FakeDeviceExecutionProvider"} if extra else {})}
         np.testing.assert_allclose(sess.run(None, feeds)[0], session(m, OFF).run(None, feeds)[0], atol=1e-5)
+
+
+def test_the_assignment_report_lists_the_fused_node_that_runs():
+    m = conv_model(helper.make_node("Relu", ["c"], ["y"]))
+    rows = session(m).get_provider_assignment()
+    assert [(r["op_type"], r["provider"]) for r in rows] == [("FusedConv", "CPUExecutionProvider")]
+    rows = session(m, OFF).get_provider_assignment()
+    assert [r["op_type"] for r in rows] == ["Conv", "Relu"]
