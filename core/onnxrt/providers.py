@@ -15,7 +15,7 @@ import numpy as np
 from .errors import InvalidArgument
 from .kernel import Kernel, KernelRegistry, NodeInfo
 
-__all__ = ["Device", "HostDevice", "ExecutionProvider", "Capability"]
+__all__ = ["Device", "HostDevice", "ExecutionProvider", "Capability", "group_io"]
 
 
 class Device:
@@ -66,6 +66,31 @@ class Capability:
 
     def __repr__(self) -> str:
         return f"Capability({[n.name for n in self.nodes]})"
+
+
+def group_io(graph, nodes: list) -> tuple[list[str], list[str]]:
+    """The external inputs and outputs of a fused group, in the order of the call.
+
+    This is the calling convention of a kernel made by :meth:`ExecutionProvider.compile`:
+    the session passes the group's inputs (values read by its nodes but made outside it)
+    in the order the nodes first read them, and expects back, in node order, the outputs
+    that are read after the group or returned by the graph.
+    """
+    inside = {id(n) for n in nodes}
+    produced = {o for n in nodes for o in n.outputs if o}
+    inputs: dict[str, None] = {}
+    for n in nodes:
+        for i in n.inputs:
+            if i and i not in produced:
+                inputs[i] = None
+    used_outside = set(graph.output_names())
+    for n in graph.nodes:
+        if id(n) not in inside:
+            used_outside.update(n.inputs)
+            if n.subgraphs:
+                used_outside.update(n.implicit_inputs())
+    outputs = [o for n in nodes for o in n.outputs if o and o in used_outside]
+    return list(inputs), outputs
 
 
 class ExecutionProvider:

@@ -29,7 +29,7 @@ from .options import RunOptions, SessionOptions
 from .partition import cpu_preferred_nodes
 from .plan import Plan, PlanBuilder, RunContext, array_root
 from .plugins import resolve_providers
-from .providers import ExecutionProvider, HostDevice
+from .providers import ExecutionProvider, HostDevice, group_io
 from .threads import ThreadSettings
 from .types import FeedChecker, NodeArg
 
@@ -316,7 +316,7 @@ class InferenceSession:
                     continue
                 emitted.add(id(cap))
                 kernel = fp.compile(cap, graph, info)
-                inputs, outputs = _group_io(graph, cap.nodes)
+                inputs, outputs = group_io(graph, cap.nodes)
                 builder.add_step(kernel.run, inputs, outputs, fp.device, cap.fused_name or cap.nodes[0].name,
                                  "FusedGroup", fp.name)
                 built.fused.append({"provider": fp.name, "nodes": [n.name for n in cap.nodes]})
@@ -509,25 +509,6 @@ def _transformer_names() -> list[str]:
     from .optimizer import transformer_registry
 
     return transformer_registry().names()
-
-
-def _group_io(graph: Graph, nodes: list[Node]) -> tuple[list[str], list[str]]:
-    """External inputs and outputs of a fused group, in first-use order."""
-    inside = {id(n) for n in nodes}
-    produced = {o for n in nodes for o in n.outputs if o}
-    inputs: dict[str, None] = {}
-    for n in nodes:
-        for i in n.inputs:
-            if i and i not in produced:
-                inputs[i] = None
-    used_outside = set(graph.output_names())
-    for n in graph.nodes:
-        if id(n) not in inside:
-            used_outside.update(n.inputs)
-            if n.subgraphs:
-                used_outside.update(n.implicit_inputs())
-    outputs = [o for n in nodes for o in n.outputs if o and o in used_outside]
-    return list(inputs), outputs
 
 
 class _NodeInfoFactory:

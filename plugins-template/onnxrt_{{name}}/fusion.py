@@ -15,7 +15,7 @@ How onnxrt drives a compiling provider:
 3. Each run calls ``kernel.run(*inputs)`` with the group's external inputs (values it
    reads but does not produce) in the order they are first read, and expects back the
    values used after the group (graph outputs, or inputs of later nodes) in the order the
-   group's nodes produce them. :func:`group_io` computes both lists.
+   group's nodes produce them. :func:`onnxrt.providers.group_io` computes both lists.
 
 The group must be safe to run as one step: here it is a run of consecutive nodes in
 topological order, each reading a value produced earlier in the run, so everything the
@@ -29,8 +29,9 @@ shows the plumbing and stays correct.
 from __future__ import annotations
 
 from onnxrt import Capability, Kernel, NodeInfo
+from onnxrt.providers import group_io
 
-__all__ = ["elementwise_groups", "group_io", "FusedChain"]
+__all__ = ["elementwise_groups", "FusedChain"]
 
 #: ops this example fuses (a real compiler lists what its code generator handles)
 ELEMENTWISE = {("", "Add"), ("", "Mul"), ("", "Relu")}
@@ -66,25 +67,6 @@ def elementwise_groups(graph, node_info, registry) -> list[Capability]:
         produced.update(o for o in node.outputs if o)
     flush()
     return caps
-
-
-def group_io(graph, nodes) -> tuple[list[str], list[str]]:
-    """The group's external inputs (first-read order) and outputs (production order)."""
-    inside = {id(n) for n in nodes}
-    produced = {o for n in nodes for o in n.outputs if o}
-    inputs: dict[str, None] = {}
-    for n in nodes:
-        for i in n.inputs:
-            if i and i not in produced:
-                inputs[i] = None
-    used_after = set(graph.output_names())
-    for n in graph.nodes:
-        if id(n) not in inside:
-            used_after.update(n.inputs)
-            if n.subgraphs:
-                used_after.update(n.implicit_inputs())
-    outputs = [o for n in nodes for o in n.outputs if o and o in used_after]
-    return list(inputs), outputs
 
 
 class FusedChain(Kernel):

@@ -13,7 +13,7 @@ from onnx import TensorProto, helper, numpy_helper
 from onnxrt import hookimpl
 from onnxrt.providers import HostDevice
 from onnxrt_cuda.codegen import EwNode, EwProgram
-from onnxrt_cuda.fusion import group_io
+from onnxrt.providers import group_io
 from onnxrt_cuda.provider import CUDAExecutionProvider
 from onnxrt_cuda.registry import build_registry
 

@@ -18,11 +18,11 @@ from __future__ import annotations
 import threading
 
 import numpy as np
-from onnxrt.providers import Capability
+from onnxrt.providers import Capability, group_io
 
 from .codegen import EwNode, EwProgram
 
-__all__ = ["MAX_GROUP_INPUTS", "MAX_GROUP_NODES", "FusedKernel", "group_io", "group_nodes"]
+__all__ = ["MAX_GROUP_INPUTS", "MAX_GROUP_NODES", "FusedKernel", "group_nodes"]
 
 #: keeps generated kernels readable and their argument lists short
 MAX_GROUP_NODES = 64
@@ -76,25 +76,6 @@ def group_nodes(graph, claimed: list, fusable_ids: set[int], prefix: str = "CUDA
 def _n_inputs(nodes: list) -> int:
     produced = {o for m in nodes for o in m.outputs if o}
     return len({i for m in nodes for i in m.inputs if i and i not in produced})
-
-
-def group_io(graph, nodes: list) -> tuple[list[str], list[str]]:
-    """External inputs and outputs of a group, in the order the session passes and expects them."""
-    inside = {id(n) for n in nodes}
-    produced = {o for n in nodes for o in n.outputs if o}
-    inputs: dict[str, None] = {}
-    for n in nodes:
-        for i in n.inputs:
-            if i and i not in produced:
-                inputs[i] = None
-    used_outside = set(graph.output_names())
-    for n in graph.nodes:
-        if id(n) not in inside:
-            used_outside.update(n.inputs)
-            if n.subgraphs:
-                used_outside.update(n.implicit_inputs())
-    outputs = [o for n in nodes for o in n.outputs if o and o in used_outside]
-    return list(inputs), outputs
 
 
 class FusedKernel:

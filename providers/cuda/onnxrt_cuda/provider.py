@@ -189,7 +189,9 @@ class CUDAExecutionProvider(ExecutionProvider):
 
     def compile(self, capability: Capability, graph, node_info):
         """Compile a fused group of elementwise nodes into one generated kernel."""
-        from .fusion import FusedKernel, group_io
+        from onnxrt.providers import group_io
+
+        from .fusion import FusedKernel
 
         self.device.register_constants(graph.initializers.values())
         inputs, outputs = group_io(graph, capability.nodes)

@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from onnxrt.providers import Capability
+from onnxrt.providers import Capability, group_io
 
 from .codegen import ElementwiseProgram, EwNode
 from .kernels.base import CLKernel
 from .kernels.elementwise import EW_OPS
 
-__all__ = ["group_nodes", "group_io", "FusedKernel", "MAX_GROUP_NODES", "MAX_GROUP_INPUTS"]
+__all__ = ["group_nodes", "FusedKernel", "MAX_GROUP_NODES", "MAX_GROUP_INPUTS"]
 
 #: a generated kernel stays readable and within every device's argument limits
 MAX_GROUP_NODES = 48
@@ -127,29 +127,6 @@ def group_nodes(graph, claimed: list, fuse: bool = True) -> list[Capability]:
         else:
             caps.append(Capability([n]))
     return caps
-
-
-def group_io(graph, nodes: list) -> tuple[list[str], list[str]]:
-    """External inputs and outputs of a group, in the order the session passes and expects them.
-
-    The session computes the same lists (first-use order for inputs; node order for
-    outputs used after the group or returned by the graph).
-    """
-    inside = {id(n) for n in nodes}
-    produced = {o for n in nodes for o in n.outputs if o}
-    inputs: dict[str, None] = {}
-    for n in nodes:
-        for i in n.inputs:
-            if i and i not in produced:
-                inputs[i] = None
-    used_outside = set(graph.output_names())
-    for n in graph.nodes:
-        if id(n) not in inside:
-            used_outside.update(n.inputs)
-            if n.subgraphs:
-                used_outside.update(n.implicit_inputs())
-    outputs = [o for n in nodes for o in n.outputs if o and o in used_outside]
-    return list(inputs), outputs
 
 
 class FusedKernel(CLKernel):
