@@ -18,6 +18,7 @@ import numpy as np
 from onnx import TensorProto
 from onnxrt.kernel import Kernel
 
+from ..parallel import matmul_nd
 from ..registry import op
 
 __all__ = ["Attention", "RotaryEmbedding", "LinearAttention", "CausalConvWithState", "FlexAttention"]
@@ -57,10 +58,10 @@ def _grouped_matmul(a: np.ndarray, b: np.ndarray, groups: int) -> np.ndarray:
     ``h`` pairs with K/V head ``h // G``.
     """
     if groups == 1:
-        return np.matmul(a, b)
+        return matmul_nd(a, b)
     bsz, h, m, k = a.shape
     a2 = a.reshape(bsz, h // groups, groups * m, k)
-    return np.matmul(a2, b).reshape(bsz, h, m, b.shape[-1])
+    return matmul_nd(a2, b).reshape(bsz, h, m, b.shape[-1])
 
 
 def _grouped_matmul_f32(a: np.ndarray, b: np.ndarray, groups: int, dt: np.dtype) -> np.ndarray:

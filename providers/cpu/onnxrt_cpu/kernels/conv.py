@@ -1,19 +1,25 @@
 """Convolutions: Conv, ConvTranspose, ConvInteger, QLinearConv, DeformConv, Col2Im.
 
-Every convolution here is lowered to matrix products that BLAS runs:
+Every convolution here is lowered to matrix products that BLAS runs; weights are
+packed into the GEMM layout once, when the node's kernel is built:
 
-* a 1x1, stride-1, unpadded Conv is one GEMM on the input viewed as ``[C, H*W]``;
-* a general Conv copies the strided taps of the (padded) input into one contiguous
-  column buffer ``[C/g * prod(kernel), prod(out)]`` (im2col) and runs one GEMM per
-  group (a stacked matmul over groups);
-* a depthwise Conv accumulates ``prod(kernel)`` shifted, scaled views of the input
-  instead, which moves far less memory than im2col would;
+* a 1x1, stride-1, unpadded Conv is one GEMM on the input viewed as ``[C, H*W]``
+  (no copy), split over the output columns or images when there are threads to share;
+* a general Conv copies the strided taps of the (padded) input into a column buffer
+  ``[C/g * prod(kernel), band]`` (im2col) for a band of output rows at a time, and
+  multiplies it straight into that band of the output. The buffer is per thread and
+  reused across calls; bands, groups and images are the chunks the kernel threads
+  share, and a single-band image splits its GEMM instead;
+* a depthwise Conv splits the padded input into stride phases so that every tap is a
+  contiguous run, gathers a block of channels' taps and runs one batched
+  ``[1, taps] @ [taps, span]`` product per channel block;
 * ConvTranspose and Col2Im run the GEMM first and scatter-add the columns back
   (col2im), one strided slice per kernel tap.
 
 Integer convolutions run the same GEMM on floating-point copies of the operands:
 float32 when every partial sum provably fits its 24-bit mantissa (checked per call
-from the input's range), float64 otherwise, so the int32 accumulator is always exact.
+from the input's range), else a sum of float32 convolutions over channel blocks small
+enough to be exact each, else float64, so the int32 accumulator is always exact.
 
 The spatial helpers (:func:`conv_pads`, :func:`pad_spatial`, :func:`tap_slices`)
 are shared with the pooling kernels.
@@ -22,11 +28,13 @@ are shared with the pooling kernels.
 from __future__ import annotations
 
 import itertools
+import threading
 
 import numpy as np
 
 from onnxrt.kernel import Kernel
 
+from .. import parallel
 from ..registry import op
 
 __all__ = ["conv_pads", "pad_spatial", "tap_slices", "compute_dtype"]
@@ -166,8 +174,45 @@ class _ConvWeights:
         self.gemm = np.ascontiguousarray(wc.reshape(group, m // group, -1))
 
 
-def _conv_forward(x, wp: _ConvWeights, strides, dilations, pb, pe, out_sp, bias=None, pad_value=0):
-    """The convolution of ``x`` ``[N, C, *sp]`` (already in the compute dtype)."""
+def _scratch(size: int, dtype) -> np.ndarray:
+    """A flat buffer of ``size`` elements owned by the calling thread, reused across calls.
+
+    Kernels are shared by every thread that runs a session, so the im2col buffer
+    cannot live on the kernel; one per thread (grown as needed) avoids allocating
+    and page-faulting a fresh column buffer per call.
+    """
+    bufs = getattr(_tls, "bufs", None)
+    if bufs is None:
+        bufs = _tls.bufs = {}
+    dt = np.dtype(dtype)
+    buf = bufs.get(dt)
+    if buf is None or buf.size < size:
+        buf = bufs[dt] = np.empty(max(size, 1), dtype=dt)
+    return buf[:size]
+
+
+_tls = threading.local()
+
+#: Elements of one im2col band: about the L2 cache, so that the GEMM reads what the
+#: gather just wrote; a band also keeps at least ``_BAND_MIN_COLS`` output columns,
+#: since narrower products run far below BLAS's peak (measured: 512 channels at 7x7,
+#: 3.9 ms in 4-row bands against 2.8 ms in one).
+_BAND_ELEMS = 1 << 19
+_BAND_MIN_COLS = 128
+
+
+def _conv_forward(x, wp: _ConvWeights, strides, dilations, pb, pe, out_sp, bias=None, pad_value=0,
+                  residual=None, activation=None):
+    """The convolution of ``x`` ``[N, C, *sp]`` (already in the compute dtype).
+
+    The output is computed in bands of rows of the first output axis: each band's
+    columns are gathered into a per-thread scratch buffer and multiplied at once into
+    its slice of the output (a strided view BLAS writes directly). Bands, groups and
+    images are the chunks the kernel threads share.
+
+    ``residual`` (shaped like the output) is added and ``activation(out)`` (in place)
+    applied band by band, while each band is still in cache (FusedConv).
+    """
     n, c = x.shape[:2]
     g = wp.group
     m = wp.shape[0]
@@ -175,84 +220,187 @@ def _conv_forward(x, wp: _ConvWeights, strides, dilations, pb, pe, out_sp, bias=
         raise ValueError(
             f"input has {c} channels but weight {wp.shape} with group {g} expects {wp.shape[1] * g}"
         )
+    if bias is not None and bias.shape != (m,):
+        raise ValueError(f"bias has shape {bias.shape}, expected ({m},)")
     kernel = wp.kernel
     nd = len(kernel)
     L = int(np.prod(out_sp, dtype=np.int64))
     y = np.empty((n, m, *out_sp), dtype=x.dtype)
+    if residual is not None and residual.shape != y.shape:
+        raise ValueError(f"Z has shape {residual.shape}, the convolution gives {y.shape}")
     unit = all(k == 1 for k in kernel) and all(s == 1 for s in strides) and not any(pb) and not any(pe)
+    bcol = None if bias is None else bias.astype(y.dtype, copy=False).reshape(m, 1)
 
     if wp.depthwise is not None and not unit:
         _depthwise(x, wp, strides, dilations, pb, pe, out_sp, y, pad_value)
-    else:
-        yv = y.reshape(n, g, m // g, L)
+        if bias is not None:
+            y += bcol.reshape((m,) + (1,) * nd)
+        if residual is not None:
+            y += residual
+        if activation is not None:
+            activation(y)
+        return y
+
+    cg, mg = c // g, m // g
+    taps = int(np.prod(kernel, dtype=np.int64))
+    K = cg * taps
+    yv = y.reshape(n, m, L)
+    zv = None if residual is None else residual.reshape(n, m, L)
+    threads = parallel.thread_count()
+    flops = n * m * K * L
+
+    def finish(out, i, gi, l0=0, l1=L):
+        if bcol is not None:
+            out += bcol[gi * mg : (gi + 1) * mg]
+        if zv is not None:
+            out += zv[i, gi * mg : (gi + 1) * mg, l0:l1]
+        if activation is not None:
+            activation(out)
+
+    if unit:
+        xv = x.reshape(n, c, L)
+        if n * g == 1:
+            parallel.matmul(wp.gemm[0], xv[0], out=yv[0])
+            finish(yv[0], 0, 0)
+            return y
+        jobs = [(i, gi) for i in range(n) for gi in range(g)]
+
+        def unit_job(j):
+            i, gi = jobs[j]
+            out = yv[i, gi * mg : (gi + 1) * mg]
+            np.matmul(wp.gemm[gi], xv[i, gi * cg : (gi + 1) * cg], out=out)
+            finish(out, i, gi)
+
+        parallel.parallel_for(len(jobs), unit_job, 1 if flops < parallel.PARALLEL_MIN_FLOPS else threads)
+        return y
+
+    xp = pad_spatial(x, pb, pe, pad_value)
+    rows = out_sp[0]
+    inner = L // rows
+    tap_list = list(tap_slices(kernel, strides, dilations, out_sp))
+    band = max(1, _BAND_ELEMS // max(1, K * inner), -(-_BAND_MIN_COLS // inner))
+    if band < rows and threads > 1 and flops >= parallel.PARALLEL_MIN_FLOPS:
+        band = min(band, -(-rows // threads))
+    band = min(rows, band)
+    s0 = strides[0]
+
+    def gather(i, gi, r0, r1, cols):
+        src = xp[i, gi * cg : (gi + 1) * cg]
+        for tap, sl in tap_list:
+            start = sl[0].start + s0 * r0
+            s = (slice(start, start + s0 * (r1 - r0 - 1) + 1, s0),) + sl[1:]
+            cols[(slice(None),) + tap] = src[(slice(None),) + s]
+
+    if band >= rows and (n * g == 1 or flops >= parallel.PARALLEL_MIN_FLOPS * n * g):
+        # One band per image: gather once, then split the product itself.
+        cols = _scratch(K * L, x.dtype).reshape(cg, *kernel, *out_sp)
         for i in range(n):
-            if unit:
-                cols = x[i].reshape(g, c // g, L)
-            else:
-                xp = pad_spatial(x[i], pb, pe, pad_value)
-                cols = _im2col(xp, kernel, strides, dilations, out_sp).reshape(g, -1, L)
-            np.matmul(wp.gemm, cols, out=yv[i])
-    if bias is not None:
-        if bias.shape != (m,):
-            raise ValueError(f"bias has shape {bias.shape}, expected ({m},)")
-        y += bias.astype(y.dtype, copy=False).reshape((m,) + (1,) * nd)
+            for gi in range(g):
+                gather(i, gi, 0, rows, cols)
+                out = yv[i, gi * mg : (gi + 1) * mg]
+                parallel.matmul(wp.gemm[gi], cols.reshape(K, L), out=out)
+                finish(out, i, gi)
+        return y
+
+    jobs = [(i, gi, r0) for i in range(n) for gi in range(g) for r0 in range(0, rows, band)]
+
+    def band_job(j):
+        i, gi, r0 = jobs[j]
+        r1 = min(rows, r0 + band)
+        lb = (r1 - r0) * inner
+        cols = _scratch(K * lb, x.dtype).reshape(cg, *kernel, r1 - r0, *out_sp[1:])
+        gather(i, gi, r0, r1, cols)
+        out = yv[i, gi * mg : (gi + 1) * mg, r0 * inner : r1 * inner]
+        np.matmul(wp.gemm[gi], cols.reshape(K, lb), out=out)
+        finish(out, i, gi, r0 * inner, r1 * inner)
+
+    parallel.parallel_for(len(jobs), band_job, 1 if flops < parallel.PARALLEL_MIN_FLOPS else threads)
     return y
 
 
-def _depthwise(x, wp, strides, dilations, pb, pe, out_sp, y, pad_value):
-    """Depthwise conv as a sum over taps of per-channel scaled shifted input views.
+def _phases(x, kernel, strides, dilations, pb, pe, out_sp, pad_value):
+    """The padded input split into stride phases, flattened so every tap is one run.
 
-    With unit strides every tap reads one contiguous run of the flattened padded
-    image: the output is computed on the padded row pitch (one extra padded row
-    keeps the last tap in bounds) and cropped once at the end.
+    Phase ``p`` holds ``padded[p::s]`` along each axis (zero-extended to a common
+    shape ``q``, plus one spare row), so the tap at ``t`` for output ``o`` reads phase
+    ``(t*d) % s`` at ``o + (t*d) // s``: on the flattened phase, every tap's inputs for
+    a run of output rows form one contiguous slice of ``rows * pitch[0]`` elements
+    (outputs computed on the phase's row pitch, cropped afterwards).
+
+    Returns ``(qf [N, C, phases, prod(q)], q, pitch, [(phase, offset) per tap])``.
     """
     n, c = x.shape[:2]
-    kernel = wp.kernel
     nd = len(kernel)
+    in_sp = x.shape[2:]
+    reach = [(kernel[a] - 1) * dilations[a] // strides[a] for a in range(nd)]
+    q = [max(-(-(in_sp[a] + pb[a] + pe[a]) // strides[a]), out_sp[a] + reach[a]) for a in range(nd)]
+    q[0] += 1
+    phases = list(itertools.product(*[range(s_) for s_ in strides]))
+    # Only the margins around each phase's copy of the input are padding: filling
+    # just those saves a pass over the whole buffer.
+    qa = np.empty((n, c, len(phases), *q), dtype=x.dtype)
+    for k, ph in enumerate(phases):
+        dst, src = [], []
+        for a in range(nd):
+            s_, p_ = strides[a], ph[a]
+            i0 = max(0, -(-(pb[a] - p_) // s_))  # first phase index landing inside the input
+            o0 = s_ * i0 + p_ - pb[a]
+            cnt = max(0, -(-(in_sp[a] - o0) // s_)) if o0 < in_sp[a] else 0
+            cnt = min(cnt, q[a] - i0)
+            dst.append(slice(i0, i0 + cnt))
+            src.append(slice(o0, o0 + s_ * (cnt - 1) + 1 if cnt else o0, s_))
+        lead = (slice(None), slice(None), k)
+        for a in range(nd):
+            before = tuple(slice(None) if b != a else slice(0, dst[a].start) for b in range(nd))
+            after = tuple(slice(None) if b != a else slice(dst[a].stop, None) for b in range(nd))
+            qa[lead + before] = pad_value
+            qa[lead + after] = pad_value
+        if all(d_.stop > d_.start for d_ in dst):
+            qa[lead + tuple(dst)] = x[(slice(None), slice(None)) + tuple(src)]
+    pitch = [int(np.prod(q[a + 1 :], dtype=np.int64)) for a in range(nd)]
+    tap_src = []
+    for t in itertools.product(*[range(k_) for k_ in kernel]):
+        pos = [t[a] * dilations[a] for a in range(nd)]
+        ph = phases.index(tuple(p_ % s_ for p_, s_ in zip(pos, strides)))
+        off = sum((pos[a] // strides[a]) * pitch[a] for a in range(nd))
+        tap_src.append((ph, off))
+    return qa.reshape(n, c, len(phases), -1), q, pitch, tap_src
+
+
+def _depthwise(x, wp, strides, dilations, pb, pe, out_sp, y, pad_value):
+    """Depthwise conv: per channel, one small product ``w[c] @ taps[c]``.
+
+    The padded input is split into ``prod(strides)`` phases (``x[p::s]`` along each
+    axis), each contiguous, so that every kernel tap reads one contiguous run of one
+    flattened phase: the output is computed on the phase's row pitch and cropped at
+    the end (the phases get one spare row so the last tap's run stays in bounds).
+    Per block of channels the taps' runs are copied into a ``[c, taps, span]`` buffer
+    and multiplied by the ``[c, 1, taps]`` weights in one batched matmul. Blocks are
+    shared by the kernel threads.
+    """
+    n, c = x.shape[:2]
     w = wp.depthwise
-    flat = all(s == 1 for s in strides)
-    if flat:
-        pe = list(pe)
-        pe[0] += 1
-    xp = pad_spatial(x, pb, pe, pad_value)
-    psp = xp.shape[2:]
-    if flat:
-        pitch = [int(np.prod(psp[a + 1 :], dtype=np.int64)) for a in range(nd)]
-        span = out_sp[0] * pitch[0]
-        offs = [
-            sum(t[a] * dilations[a] * pitch[a] for a in range(nd))
-            for t in itertools.product(*[range(k) for k in kernel])
-        ]
-        xf = xp.reshape(n, c, -1)
-        work = np.empty((c, span), dtype=x.dtype)
-        crop = (slice(None), slice(None)) + tuple(slice(0, o) for o in out_sp[1:])
-        L = span
-    else:
-        taps = [sl for _, sl in tap_slices(kernel, strides, dilations, out_sp)]
-        L = int(np.prod(out_sp, dtype=np.int64))
-    # Channel blocks keep the accumulator and the temporary in cache across taps.
-    cb = max(1, min(c, (48 * 1024) // max(1, L)))
-    tmp_full = np.empty((cb, span) if flat else (cb, *out_sp), dtype=x.dtype)
-    bshape = (1,) if flat else (1,) * nd
-    for i in range(n):
-        for c0 in range(0, c, cb):
-            c1 = min(c, c0 + cb)
-            acc = work[c0:c1] if flat else y[i, c0:c1]
-            tmp = tmp_full[: c1 - c0]
-            wb = w[c0:c1]
-            for t in range(len(wb[0])):
-                if flat:
-                    src = xf[i, c0:c1, offs[t] : offs[t] + span]
-                else:
-                    src = xp[(i, slice(c0, c1)) + taps[t]]
-                wt = wb[:, t].reshape((c1 - c0,) + bshape)
-                if t == 0:
-                    np.multiply(src, wt, out=acc)
-                else:
-                    np.multiply(src, wt, out=tmp)
-                    acc += tmp
-        if flat:
-            y[i] = work.reshape(c, out_sp[0], *psp[1:])[crop]
+    taps = w.shape[1]
+    qf, q, pitch, tap_src = _phases(x, wp.kernel, strides, dilations, pb, pe, out_sp, pad_value)
+    span = out_sp[0] * pitch[0]
+    crop = (slice(None), slice(None)) + tuple(slice(0, o) for o in out_sp[1:])
+    cb = max(1, min(c, (1 << 18) // max(1, taps * span)))
+    jobs = [(i, c0) for i in range(n) for c0 in range(0, c, cb)]
+    w3 = w.reshape(c, 1, taps)
+
+    def block(j):
+        i, c0 = jobs[j]
+        c1 = min(c, c0 + cb)
+        buf = _scratch((c1 - c0) * (taps + 1) * span, x.dtype)
+        cols = buf[: (c1 - c0) * taps * span].reshape(c1 - c0, taps, span)
+        res = buf[(c1 - c0) * taps * span :].reshape(c1 - c0, 1, span)
+        for t, (ph, off) in enumerate(tap_src):
+            cols[:, t] = qf[i, c0:c1, ph, off : off + span]
+        np.matmul(w3[c0:c1], cols, out=res)
+        y[i, c0:c1] = res.reshape(c1 - c0, out_sp[0], *q[1:])[crop]
+
+    work = n * c * span * taps
+    parallel.parallel_for(len(jobs), block, 1 if work < parallel.PARALLEL_MIN_FLOPS else None)
 
 
 def _weight_for(k, w, group, dtype):
@@ -291,6 +439,10 @@ class Conv(Kernel):
                 self._packed = None
 
     def run(self, x, w, b=None):
+        return (self.forward(x, w, b),)
+
+    def forward(self, x, w, b=None, residual=None, activation=None):
+        """The convolution, plus ``residual`` and an in-place ``activation`` (FusedConv)."""
         _check_rank(x, w)
         nd = x.ndim - 2
         kernel, strides, dil = spatial_attrs(self.attrs, nd, w.shape[2:])
@@ -300,8 +452,11 @@ class Conv(Kernel):
         cdt = compute_dtype(x.dtype)
         wp = _weight_for(self, w, self.group, cdt)
         pb, pe, out_sp = conv_pads(x.shape[2:], kernel, strides, dil, self.pads, self.auto_pad)
-        y = _conv_forward(x.astype(cdt, copy=False), wp, strides, dil, pb, pe, out_sp, b)
-        return (y.astype(x.dtype, copy=False),)
+        if residual is not None:
+            residual = residual.astype(cdt, copy=False)
+        y = _conv_forward(x.astype(cdt, copy=False), wp, strides, dil, pb, pe, out_sp, b,
+                          residual=residual, activation=activation)
+        return y.astype(x.dtype, copy=False)
 
 
 # -- ConvInteger / QLinearConv -----------------------------------------------------------
@@ -314,6 +469,11 @@ def _zero_point(zp, dtype):
     if zp.size == 1:
         return zp.reshape(()).astype(dtype)
     return zp.astype(dtype)
+
+
+#: Largest im2col matrix (elements) of the batched channels-last path of the integer
+#: convolutions; bigger inputs take the banded path.
+_ROWS_MAX_ELEMS = 1 << 24
 
 
 class _IntConvBase(Kernel):
@@ -329,6 +489,7 @@ class _IntConvBase(Kernel):
         self.auto_pad = a.get("auto_pad", "NOTSET")
         self.pads = a.get("pads")
         self._packed = None
+        self._rows_w = None
         c = self.node.constants
         w = c.get(self.w_index)
         wzp_idx = self.wzp_index
@@ -338,6 +499,89 @@ class _IntConvBase(Kernel):
                 self._packed = (w, self._pack(w, c.get(wzp_idx) if has_wzp else None))
             except ValueError:
                 self._packed = None
+        if self._packed is not None and self.group == 1 and w.ndim == 4:
+            # [kh, kw, C, M]: the row order of the channels-last im2col below
+            w32 = self._packed[1][3]
+            self._rows_w = np.ascontiguousarray(w32.transpose(2, 3, 1, 0).reshape(-1, w.shape[0]))
+
+    def _accumulate_rows(self, x, xzp, w):
+        """The accumulator as exact float32 rows ``[N * OH * OW, M]`` (channels last),
+        from one im2col of a channels-last copy of the whole batch and one GEMM, or None
+        where that path does not apply (then :meth:`_accumulate` runs).
+
+        Many small images make the banded NCHW path a long Python loop of small copies;
+        here each im2col row is ``KH`` contiguous runs of ``KW * C`` values of the
+        channels-last input, gathered by a single strided copy.
+        """
+        if self._rows_w is None or self._packed[0] is not w or x.ndim != 4 or x.shape[1] != w.shape[1]:
+            return None
+        kernel, strides, dil = spatial_attrs(self.attrs, 2, w.shape[2:])
+        if any(d != 1 for d in dil) or not x.size:
+            return None
+        zp = 0
+        if xzp is not None:
+            xzp = np.asarray(xzp)
+            if xzp.size != 1:
+                return None
+            zp = int(xzp.reshape(()))
+        n, c, h, wd = x.shape
+        k = self._rows_w.shape[0]
+        wmax = self._packed[1][4]
+        xmax = max(abs(int(x.max()) - zp), abs(int(x.min()) - zp))
+        # K is cut into chunks whose float32 products are exact; more than one chunk
+        # sums in float64 (exact) and rounds once to float32, as float(int32) would
+        kchunk = k if not (wmax and xmax) else int((2**24 - 1) // (wmax * xmax))
+        if kchunk < min(k, 32):
+            return None
+        pb, pe, out_sp = conv_pads(x.shape[2:], kernel, strides, dil, self.pads, self.auto_pad)
+        if min(pb) < 0 or min(pe) < 0:
+            return None
+        (kh, kw), (sh, sw), (oh, ow) = kernel, strides, out_sp
+        hp, wp = h + pb[0] + pe[0], wd + pb[1] + pe[1]
+        if n * oh * ow * k > _ROWS_MAX_ELEMS or (oh - 1) * sh + kh > hp or (ow - 1) * sw + kw > wp:
+            return None
+        xp = np.zeros((n, hp, wp, c), dtype=np.float32)
+        np.subtract(x.transpose(0, 2, 3, 1), np.float32(zp), out=xp[:, pb[0] : pb[0] + h, pb[1] : pb[1] + wd],
+                    dtype=np.float32)
+        s_n, s_h, s_w, s_c = xp.strides
+        view = np.lib.stride_tricks.as_strided(xp, (n, oh, ow, kh, kw * c), (s_n, sh * s_h, sw * s_w, s_h, s_c),
+                                               writeable=False)
+        rows_per_image = oh * ow
+        out = np.empty((n * rows_per_image, self._rows_w.shape[1]), dtype=np.float32)
+        threads = parallel.thread_count()
+        flops = n * rows_per_image * k * self._rows_w.shape[1]
+        parts = 1 if threads <= 1 or flops < parallel.PARALLEL_MIN_FLOPS else min(n, 2 * threads)
+        cuts = [n * i // parts for i in range(parts + 1)]
+
+        def part(i):
+            i0, i1 = cuts[i], cuts[i + 1]
+            if i0 == i1:
+                return
+            cols = np.ascontiguousarray(view[i0:i1]).reshape((i1 - i0) * rows_per_image, k)
+            dst = out[i0 * rows_per_image : i1 * rows_per_image]
+            if kchunk >= k:
+                np.matmul(cols, self._rows_w, out=dst)
+                return
+            acc = None
+            for k0 in range(0, k, kchunk):
+                piece = np.matmul(cols[:, k0 : k0 + kchunk], self._rows_w[k0 : k0 + kchunk])
+                acc = piece.astype(np.float64) if acc is None else acc + piece
+            dst[...] = acc
+
+        if parts > 1 and n >= threads:
+            parallel.parallel_for(parts, part, threads)
+            return out, (n, oh, ow)
+        # fewer images than threads: one im2col, and the GEMMs split by rows instead
+        cols = np.ascontiguousarray(view).reshape(n * rows_per_image, k)
+        if kchunk >= k:
+            parallel.matmul(cols, self._rows_w, out=out)
+            return out, (n, oh, ow)
+        acc = None
+        for k0 in range(0, k, kchunk):
+            piece = parallel.matmul(cols[:, k0 : k0 + kchunk], self._rows_w[k0 : k0 + kchunk])
+            acc = piece.astype(np.float64) if acc is None else acc + piece
+        out[...] = acc
+        return out, (n, oh, ow)
 
     def _pack(self, w, wzp):
         wf = w.astype(np.float64)
@@ -354,7 +598,7 @@ class _IntConvBase(Kernel):
         wp32 = _ConvWeights(wf, self.group, np.float32)
         kdim = int(np.prod(w.shape[1:]))
         wmax = float(np.abs(wf).max()) if wf.size else 0.0
-        return wp32, wp64, kdim * wmax
+        return wp32, wp64, kdim * wmax, wp32.gemm.reshape(w.shape), wmax
 
     def _accumulate(self, x, xzp, w, wzp):
         """The int32 accumulator of the convolution, as an exact float array."""
@@ -362,9 +606,9 @@ class _IntConvBase(Kernel):
         nd = x.ndim - 2
         kernel, strides, dil = spatial_attrs(self.attrs, nd, w.shape[2:])
         if self._packed is not None and self._packed[0] is w:
-            wp32, wp64, bound = self._packed[1]
+            wp32, wp64, bound, w32, wmax = self._packed[1]
         else:
-            wp32, wp64, bound = self._pack(w, wzp)
+            wp32, wp64, bound, w32, wmax = self._pack(w, wzp)
         zp = 0
         if xzp is not None:
             xzp = np.asarray(xzp)
@@ -374,12 +618,27 @@ class _IntConvBase(Kernel):
         # Every partial sum is bounded by K * max|x - zp| * max|w - w_zp|; float32
         # represents all integers below 2**24 exactly, whatever the summation order.
         xmax = max(abs(int(x.max()) - zp), abs(int(x.min()) - zp)) if x.size else 0
-        wp = wp32 if bound * xmax < 2.0**24 else wp64
-        xf = x.astype(wp.gemm.dtype)
-        if zp:
-            xf -= xf.dtype.type(zp)
         pb, pe, out_sp = conv_pads(x.shape[2:], kernel, strides, dil, self.pads, self.auto_pad)
-        return _conv_forward(xf, wp, strides, dil, pb, pe, out_sp)
+        taps = int(np.prod(kernel, dtype=np.int64))
+        chunk = int((2**24 - 1) // (taps * wmax * xmax)) if xmax and wmax else x.shape[1]
+        if bound * xmax < 2.0**24 or (self.group == 1 and chunk * taps >= 32):
+            xf = x.astype(np.float32)
+            if zp:
+                xf -= np.float32(zp)
+            if bound * xmax < 2.0**24:
+                return _conv_forward(xf, wp32, strides, dil, pb, pe, out_sp)
+            # Too long a K for one exact float32 GEMM: sum exact float32 convolutions
+            # over channel blocks, which is about twice as fast as one float64 GEMM.
+            acc = None
+            for c0 in range(0, x.shape[1], chunk):
+                wpc = _ConvWeights(w32[:, c0 : c0 + chunk], 1, np.float32)
+                part = _conv_forward(xf[:, c0 : c0 + chunk], wpc, strides, dil, pb, pe, out_sp)
+                acc = part.astype(np.float64) if acc is None else acc + part
+            return acc
+        xf = x.astype(np.float64)
+        if zp:
+            xf -= float(zp)
+        return _conv_forward(xf, wp64, strides, dil, pb, pe, out_sp)
 
 
 @op("ConvInteger", since=10)
@@ -389,6 +648,10 @@ class ConvInteger(_IntConvBase):
     x_index, w_index, wzp_index = 0, 1, 3
 
     def run(self, x, w, x_zero_point=None, w_zero_point=None):
+        rows = self._accumulate_rows(x, x_zero_point, w)
+        if rows is not None:
+            acc, (n, oh, ow) = rows
+            return (np.ascontiguousarray(acc.astype(np.int32).reshape(n, oh, ow, -1).transpose(0, 3, 1, 2)),)
         acc = self._accumulate(x, x_zero_point, w, w_zero_point)
         return (acc.astype(np.int32),)
 
@@ -401,13 +664,20 @@ class QLinearConv(_IntConvBase):
     x_index, w_index, wzp_index = 0, 3, 5
 
     def run(self, x, x_scale, x_zero_point, w, w_scale, w_zero_point, y_scale, y_zero_point=None, b=None):
-        acc = self._accumulate(x, x_zero_point, w, w_zero_point).astype(np.float64, copy=False)
         m = w.shape[0]
+        # a bias below 2**24 joins the exact float32 accumulator with one rounding, as
+        # it would joining the int32 one
+        small_bias = b is None or (b.shape == (m,) and (not b.size or int(np.abs(b.astype(np.int64)).max()) < 2**24))
+        rows = self._accumulate_rows(x, x_zero_point, w) if small_bias else None
+        if rows is not None:
+            return (self._requantize_rows(rows, x, x_scale, w_scale, y_scale, y_zero_point, b),)
+        acc = self._accumulate(x, x_zero_point, w, w_zero_point)
         nd = x.ndim - 2
         if b is not None:
             if b.shape != (m,):
                 raise ValueError(f"bias has shape {b.shape}, expected ({m},)")
-            acc += b.astype(np.float64).reshape((m,) + (1,) * nd)
+            # the bias joins the int32 accumulator before the one float rounding
+            acc = acc.astype(np.int64) + b.astype(np.int64).reshape((m,) + (1,) * nd)
         ws = np.asarray(w_scale, dtype=np.float32)
         if ws.size != 1:
             if ws.shape != (m,):
@@ -417,15 +687,39 @@ class QLinearConv(_IntConvBase):
             ws = ws.reshape(())
         xs = np.asarray(x_scale, dtype=np.float32).reshape(())
         ys = np.asarray(y_scale, dtype=np.float32).reshape(())
-        mult = (xs * ws / ys).astype(np.float64)
-        acc *= mult
+        # requantized in float32 with the scale ratio formed in float32, as onnxruntime does
+        mult = xs * ws / ys
+        v = acc.astype(np.float32, copy=False)
+        v *= mult
         out_dt = y_zero_point.dtype if y_zero_point is not None else x.dtype
+        np.rint(v, out=v)
         if y_zero_point is not None:
-            acc += float(np.asarray(y_zero_point).reshape(()))
+            v += np.float32(np.asarray(y_zero_point).reshape(()))
         info = np.iinfo(out_dt)
-        np.rint(acc, out=acc)
-        np.clip(acc, info.min, info.max, out=acc)
-        return (acc.astype(out_dt),)
+        np.clip(v, info.min, info.max, out=v)
+        return (v.astype(out_dt),)
+
+    @staticmethod
+    def _requantize_rows(rows, x, x_scale, w_scale, y_scale, y_zero_point, b):
+        """:meth:`run`'s requantization on channels-last rows, then back to NCHW."""
+        v, (n, oh, ow) = rows
+        m = v.shape[1]
+        if b is not None:
+            v += b.astype(np.float32)
+        ws = np.asarray(w_scale, dtype=np.float32)
+        if ws.size != 1 and ws.shape != (m,):
+            raise ValueError(f"w_scale shape {ws.shape} must be scalar or ({m},)")
+        ws = ws.reshape(-1) if ws.size != 1 else ws.reshape(())
+        xs = np.asarray(x_scale, dtype=np.float32).reshape(())
+        ys = np.asarray(y_scale, dtype=np.float32).reshape(())
+        v *= xs * ws / ys
+        out_dt = y_zero_point.dtype if y_zero_point is not None else x.dtype
+        np.rint(v, out=v)
+        if y_zero_point is not None:
+            v += np.float32(np.asarray(y_zero_point).reshape(()))
+        info = np.iinfo(out_dt)
+        np.clip(v, info.min, info.max, out=v)
+        return np.ascontiguousarray(v.astype(out_dt).reshape(n, oh, ow, m).transpose(0, 3, 1, 2))
 
 
 # -- ConvTranspose -----------------------------------------------------------------------

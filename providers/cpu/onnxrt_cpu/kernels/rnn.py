@@ -22,6 +22,7 @@ import numpy as np
 
 from onnxrt.kernel import Kernel
 
+from ..parallel import matmul_nd
 from ..registry import op
 
 __all__ = ["RNN", "GRU", "LSTM"]
@@ -296,7 +297,7 @@ class _Recurrent(Kernel):
             raise ValueError(f"{self.node.describe()}: X has input size {I}, W expects {p['w_t'].shape[0]}")
 
         # input projection of all steps and directions in one GEMM
-        xw = np.matmul(X.reshape(S * Bn, I).astype(dt, copy=False), p["w_t"])
+        xw = matmul_nd(X.reshape(S * Bn, I).astype(dt, copy=False), p["w_t"])
         xw += p["xw_bias"]
         xw = xw.reshape(S, Bn, D * G * H)
 

@@ -1,0 +1,270 @@
+"""The CPU provider's fast paths give onnxruntime's answers, and threads behave.
+
+- Conv: every lowering (1x1 as a plain GEMM, banded im2col + GEMM, one band with the
+  product split over threads, grouped, depthwise through strided phases) at 1 and 2
+  kernel threads, against onnxruntime;
+- ``onnxrt_cpu.parallel``: ``parallel_for`` runs each chunk once and re-raises
+  errors; the split matrix products equal ``np.matmul``;
+- ``onnxrt.threads``: a run sees its session's ``intra_op_num_threads`` and a
+  single-threaded BLAS, restored when the last concurrent run ends, and two sessions
+  with different settings run side by side from two threads without disturbing
+  each other.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import onnxrt as ort
+from onnxrt import plugins
+from onnxrt.threads import ThreadSettings, blas_threads, current_thread_count
+from onnxrt_cpu import parallel
+
+rt = pytest.importorskip("onnxruntime")
+
+
+def make_model(nodes, inputs, outputs, initializers=()):
+    """A model at IR version 10, which onnxruntime also accepts."""
+    graph = helper.make_graph(nodes, "test", inputs, outputs, initializer=list(initializers))
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=10)
+
+
+def _conv_model(x_shape, w_shape, bias=True, **attrs):
+    rng = np.random.default_rng(0)
+    w = (rng.standard_normal(w_shape) / np.sqrt(np.prod(w_shape[1:]))).astype(np.float32)
+    inits = [numpy_helper.from_array(w, "w")]
+    inputs = ["x", "w"]
+    if bias:
+        inits.append(numpy_helper.from_array(rng.standard_normal(w_shape[0]).astype(np.float32), "b"))
+        inputs.append("b")
+    return make_model(
+        [helper.make_node("Conv", inputs, ["y"], **attrs)],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x_shape))],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        inits,
+    )
+
+
+# (name, input shape, weight shape, attributes); sizes chosen so that the 2-thread
+# runs take the parallel branches (more than parallel.PARALLEL_MIN_FLOPS multiply-adds)
+CONVS = [
+    ("1x1", (1, 64, 40, 40), (96, 64, 1, 1), {}),
+    ("1x1-batch", (3, 32, 20, 20), (48, 32, 1, 1), {}),
+    ("1x1-stride2", (1, 32, 33, 33), (64, 32, 1, 1), {"strides": [2, 2]}),
+    ("3x3-bands", (1, 32, 64, 64), (48, 32, 3, 3), {"pads": [1, 1, 1, 1]}),
+    ("3x3-deep-one-band", (1, 256, 7, 7), (256, 256, 3, 3), {"pads": [1, 1, 1, 1]}),
+    ("5x5-stride2-asym", (2, 8, 37, 30), (16, 8, 5, 5), {"pads": [2, 1, 0, 2], "strides": [2, 2]}),
+    ("dilated", (1, 16, 30, 30), (32, 16, 3, 3), {"dilations": [2, 2], "pads": [2, 1, 2, 3]}),
+    ("grouped", (2, 32, 24, 24), (64, 8, 3, 3), {"group": 4, "pads": [1, 1, 1, 1]}),
+    ("depthwise", (1, 96, 56, 56), (96, 1, 3, 3), {"group": 96, "pads": [1, 1, 1, 1]}),
+    ("depthwise-stride2", (2, 48, 57, 56), (48, 1, 3, 3), {"group": 48, "pads": [1, 1, 1, 1], "strides": [2, 2]}),
+    ("depthwise-5x5-s2-dil", (1, 24, 41, 40), (24, 1, 5, 5),
+     {"group": 24, "pads": [3, 4, 4, 3], "strides": [2, 3], "dilations": [2, 1]}),
+    ("depthwise-same-lower", (1, 16, 15, 16), (16, 1, 4, 4), {"group": 16, "auto_pad": "SAME_LOWER", "strides": [2, 2]}),
+    ("conv1d", (2, 16, 500), (32, 16, 5), {"pads": [2, 2]}),
+    ("conv1d-depthwise", (1, 32, 300), (32, 1, 7), {"group": 32, "strides": [3]}),
+    ("conv3d", (1, 8, 10, 12, 12), (16, 8, 3, 3, 3), {"pads": [1, 1, 1, 1, 1, 1], "strides": [1, 2, 2]}),
+]
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("name,x_shape,w_shape,attrs", CONVS, ids=[c[0] for c in CONVS])
+def test_conv_paths_match_onnxruntime(name, x_shape, w_shape, attrs, threads):
+    model = _conv_model(x_shape, w_shape, **attrs).SerializeToString()
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = threads
+    sess = ort.InferenceSession(model, so, providers=["CPUExecutionProvider"])
+    ref = rt.InferenceSession(model, providers=["CPUExecutionProvider"])
+    x = np.random.default_rng(1).standard_normal(x_shape).astype(np.float32)
+    got, = sess.run(None, {"x": x})
+    want, = ref.run(None, {"x": x})
+    assert got.shape == want.shape and got.dtype == np.float32
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    # the per-thread scratch buffers are reused: a second run with other data is right too
+    x2 = np.random.default_rng(2).standard_normal(x_shape).astype(np.float32)
+    np.testing.assert_allclose(sess.run(None, {"x": x2})[0], ref.run(None, {"x": x2})[0], rtol=1e-4, atol=1e-4)
+
+
+def test_conv_without_constant_weight_matches_onnxruntime():
+    """A weight fed at run time (not prepacked) takes the same paths."""
+    model = make_model(
+        [helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1], group=2)],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 20, 20]),
+         helper.make_tensor_value_info("w", TensorProto.FLOAT, [6, 4, 3, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+    ).SerializeToString()
+    rng = np.random.default_rng(0)
+    feeds = {"x": rng.standard_normal((1, 8, 20, 20)).astype(np.float32),
+             "w": rng.standard_normal((6, 4, 3, 3)).astype(np.float32)}
+    got = ort.InferenceSession(model).run(None, feeds)[0]
+    want = rt.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+# -- parallel ------------------------------------------------------------------------
+
+
+def test_parallel_for_runs_every_chunk_once():
+    seen = []
+    lock = threading.Lock()
+
+    def fn(i):
+        with lock:
+            seen.append(i)
+
+    parallel.parallel_for(50, fn, threads=4)
+    assert sorted(seen) == list(range(50))
+
+
+def test_parallel_for_reraises_the_error_of_a_chunk():
+    def fn(i):
+        if i == 7:
+            raise ValueError("chunk 7 failed")
+
+    with pytest.raises(ValueError, match="chunk 7 failed"):
+        parallel.parallel_for(16, fn, threads=2)
+    # the pool still works afterwards
+    out = np.zeros(8)
+
+    def ok(i):
+        out[i] = i
+
+    parallel.parallel_for(8, ok, threads=2)
+    assert out.tolist() == list(range(8))
+
+
+@pytest.mark.parametrize(
+    "a_shape,b_shape",
+    [((300, 256), (256, 200)), ((64, 512), (512, 1024)), ((2, 128, 768), (768, 768)),
+     ((1, 12, 128, 64), (1, 12, 64, 128)), ((3, 1, 64, 96), (1, 4, 96, 80)), ((7, 5), (5, 3))],
+)
+def test_split_matmul_equals_numpy(a_shape, b_shape):
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal(a_shape).astype(np.float32)
+    b = rng.standard_normal(b_shape).astype(np.float32)
+    with ThreadSettings(2):
+        got = parallel.matmul_nd(a, b)
+        if a.ndim == 2 and b.ndim == 2:
+            got2 = parallel.matmul(a, b)
+            np.testing.assert_allclose(got2, np.matmul(a, b), rtol=1e-5, atol=1e-4)
+    want = np.matmul(a, b)
+    assert got.shape == want.shape and got.dtype == want.dtype
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)
+
+
+def test_split_matmul_keeps_numpy_errors_and_integer_semantics():
+    with ThreadSettings(2):
+        with pytest.raises(ValueError):
+            parallel.matmul_nd(np.ones((4, 3), np.float32), np.ones((4, 3), np.float32))
+        a = np.arange(12, dtype=np.int64).reshape(3, 4)
+        assert parallel.matmul_nd(a, a.T).tolist() == np.matmul(a, a.T).tolist()
+
+
+# -- threads ---------------------------------------------------------------------------
+
+
+def test_thread_settings_scope_the_kernel_thread_count():
+    assert current_thread_count() == 1
+    with ThreadSettings(3):
+        assert current_thread_count() == 3
+        with ThreadSettings(1):  # a nested run
+            assert current_thread_count() == 1
+        assert current_thread_count() == 3
+    assert current_thread_count() == 1
+
+
+def test_blas_is_single_threaded_during_runs_and_restored_after():
+    before = blas_threads()
+    if not before:
+        pytest.skip("threadpoolctl finds no BLAS library")
+    with ThreadSettings(2):
+        assert set(blas_threads()) == {1}
+        with ThreadSettings(4):
+            assert set(blas_threads()) == {1}
+        assert set(blas_threads()) == {1}
+    assert blas_threads() == before
+
+
+class _Probe:
+    """A custom op that reports the thread settings its kernel runs under."""
+
+    @ort.hookimpl
+    def onnxrt_register_kernels(self, provider_name, registry):
+        if provider_name == "CPUExecutionProvider":
+
+            @registry.op("ThreadProbe", since=1, domain="test.threads")
+            def probe(k, x):
+                blas = blas_threads() or [1]
+                return np.array([current_thread_count(), max(blas)], dtype=np.int64) + x
+
+
+def _probe_model():
+    model = make_model(
+        [helper.make_node("ThreadProbe", ["x"], ["y"], domain="test.threads")],
+        [helper.make_tensor_value_info("x", TensorProto.INT64, [2])],
+        [helper.make_tensor_value_info("y", TensorProto.INT64, [2])],
+    )
+    model.opset_import.append(helper.make_opsetid("test.threads", 1))
+    return model
+
+
+@pytest.fixture
+def probe_plugin():
+    plugin = _Probe()
+    plugins.register_plugin(plugin, name="thread_probe")
+    try:
+        yield
+    finally:
+        plugins.unregister_plugin(plugin)
+
+
+def test_sessions_with_different_thread_counts_run_side_by_side(probe_plugin):
+    """Two sessions (1 and 2 threads) run from two threads at once: each run sees its
+    own count, BLAS stays at one thread inside every run, and is restored after."""
+    before = blas_threads()
+    sessions = {}
+    for n in (1, 2):
+        so = ort.SessionOptions()
+        so.intra_op_num_threads = n
+        sessions[n] = ort.InferenceSession(_probe_model(), so, providers=["CPUExecutionProvider"])
+    conv = _conv_model((1, 16, 32, 32), (32, 16, 3, 3), pads=[1, 1, 1, 1]).SerializeToString()
+    conv_sessions = {}
+    for n in (1, 2):
+        so = ort.SessionOptions()
+        so.intra_op_num_threads = n
+        conv_sessions[n] = ort.InferenceSession(conv, so, providers=["CPUExecutionProvider"])
+    x = np.random.default_rng(0).standard_normal((1, 16, 32, 32)).astype(np.float32)
+    want = rt.InferenceSession(conv, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    errors, seen = [], {1: set(), 2: set()}
+    barrier = threading.Barrier(2)
+
+    def worker(n):
+        try:
+            barrier.wait()
+            for _ in range(30):
+                y = sessions[n].run(None, {"x": np.zeros(2, np.int64)})[0]
+                seen[n].add(tuple(y.tolist()))
+                np.testing.assert_allclose(conv_sessions[n].run(None, {"x": x})[0], want, rtol=1e-4, atol=1e-4)
+        except Exception as e:  # reported below, in the test's thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(n,)) for n in (1, 2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    assert seen == {1: {(1, 1)}, 2: {(2, 1)}}
+    assert blas_threads() == before
+
+
+def test_default_thread_count_is_the_usable_cores(probe_plugin):
+    import os
+
+    sess = ort.InferenceSession(_probe_model(), providers=["CPUExecutionProvider"])
+    y = sess.run(None, {"x": np.zeros(2, np.int64)})[0]
+    assert y[0] == len(os.sched_getaffinity(0))
