@@ -33,6 +33,7 @@ import threading
 import numpy as np
 
 from onnxrt.kernel import Kernel
+from onnxrt.windows import conv_transpose_geometry
 
 from .. import parallel
 from ..registry import op
@@ -759,39 +760,6 @@ class ConvTranspose(Kernel):
             except ValueError:
                 self._packed = None
 
-    def _geometry(self, in_sp, kernel, strides, dil):
-        a = self.attrs
-        nd = len(in_sp)
-        op_ = list(a.get("output_padding") or [0] * nd)
-        if len(op_) != nd:
-            raise ValueError(f"output_padding {op_} must have {nd} entries")
-        full = [strides[i] * (in_sp[i] - 1) + op_[i] + (kernel[i] - 1) * dil[i] + 1 for i in range(nd)]
-        out_shape = a.get("output_shape")
-        pads = a.get("pads")
-        explicit = bool(out_shape)
-        if explicit:
-            out_shape = list(out_shape)[-nd:]
-        elif self.auto_pad in ("SAME_UPPER", "SAME_LOWER") and not pads:
-            out_shape = [in_sp[i] * strides[i] for i in range(nd)]
-        if out_shape:
-            # Padding is never negative (as in onnxruntime): a target larger than the
-            # natural output is zero-extended (explicit output_shape) or not reached (SAME).
-            pb, out = [], []
-            for i in range(nd):
-                total = max(0, full[i] - out_shape[i])
-                pb.append(total // 2 if self.auto_pad == "SAME_UPPER" else total - total // 2)
-                out.append(out_shape[i] if explicit else full[i] - total)
-            return pb, out
-        if self.auto_pad == "VALID" or not pads:
-            pads = [0] * (2 * nd)
-        if len(pads) != 2 * nd:
-            raise ValueError(f"pads {list(pads)} must have {2 * nd} entries")
-        pb = list(pads[:nd])
-        out = [full[i] - pads[i] - pads[nd + i] for i in range(nd)]
-        if any(o < 1 for o in out):
-            raise ValueError(f"ConvTranspose output shape {out} is not positive")
-        return pb, out
-
     def run(self, x, w, b=None):
         _check_rank(x, w)
         nd = x.ndim - 2
@@ -809,7 +777,8 @@ class ConvTranspose(Kernel):
         m = wp.shape[1] * g
         in_sp = x.shape[2:]
         L = int(np.prod(in_sp, dtype=np.int64))
-        pb, out_sp = self._geometry(in_sp, kernel, strides, dil)
+        pb, out_sp = conv_transpose_geometry(in_sp, kernel, strides, dil, self.attrs, self.auto_pad,
+                                             self.node.describe())
         # Canvas covering both the scattered taps and the requested output window.
         reach = [strides[i] * (in_sp[i] - 1) + (kernel[i] - 1) * dil[i] + 1 for i in range(nd)]
         lo = [min(0, pb[i]) for i in range(nd)]

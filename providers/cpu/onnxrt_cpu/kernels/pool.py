@@ -13,68 +13,13 @@ from __future__ import annotations
 import numpy as np
 
 from onnxrt.kernel import Kernel
+from onnxrt.windows import pool_geometry
 
 from ..registry import op
 from .conv import compute_dtype, pad_spatial, spatial_attrs, tap_slices
 
 # Above this window extent on any axis, reduce a sliding-window view rather than looping over taps.
 _MAX_TAPS = 64
-
-
-def pool_geometry(in_sp, kernel, strides, dilations, pads, auto_pad, ceil_mode):
-    """Padding and output shape of a pooling window, per spatial axis.
-
-    Returns ``(pads_begin, pads_end, extra_end, out_spatial)``: ``pads_*`` are the
-    explicit (or auto) pads, ``extra_end`` the additional end padding that ceil mode
-    needs so the last window is fully addressable (it is never counted as padding).
-    """
-    nd = len(in_sp)
-    auto_pad = auto_pad or "NOTSET"
-    ek = [(kernel[i] - 1) * dilations[i] + 1 for i in range(nd)]
-    out = []
-    if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
-        pb, pe = [], []
-        for i in range(nd):
-            o = -(-in_sp[i] // strides[i])
-            total = max(0, (o - 1) * strides[i] + ek[i] - in_sp[i])
-            b = total // 2 if auto_pad == "SAME_UPPER" else total - total // 2
-            pb.append(b)
-            pe.append(total - b)
-            out.append(o)
-    elif auto_pad == "VALID":
-        pb, pe = [0] * nd, [0] * nd
-        for i in range(nd):
-            if ceil_mode:
-                out.append(-(-(in_sp[i] - ek[i] + 1) // strides[i]))
-            else:
-                out.append((in_sp[i] - ek[i]) // strides[i] + 1)
-    elif auto_pad == "NOTSET":
-        pads = list(pads) if pads else [0] * (2 * nd)
-        if len(pads) != 2 * nd:
-            raise ValueError(f"pads {pads} must have {2 * nd} entries")
-        if any(p < 0 for p in pads):
-            raise ValueError(f"pads {pads} must be non-negative")
-        pb, pe = pads[:nd], pads[nd:]
-        for i in range(nd):
-            span = in_sp[i] + pb[i] + pe[i] - ek[i]
-            if ceil_mode:
-                o = -(-span // strides[i]) + 1
-                # A window starting in the end padding is dropped.
-                if (o - 1) * strides[i] >= in_sp[i] + pb[i]:
-                    o -= 1
-            else:
-                o = span // strides[i] + 1
-            out.append(o)
-    else:
-        raise ValueError(f"unknown auto_pad {auto_pad!r}")
-    for i in range(nd):
-        if out[i] < 1:
-            raise ValueError(
-                f"pooling window {kernel[i]} (dilation {dilations[i]}) does not fit spatial axis {i} "
-                f"of size {in_sp[i]} with pads ({pb[i]}, {pe[i]})"
-            )
-    extra = [max(0, (out[i] - 1) * strides[i] + ek[i] - (in_sp[i] + pb[i] + pe[i])) for i in range(nd)]
-    return list(pb), list(pe), extra, out
 
 
 def _window_view(xp, kernel, strides, dilations, out_sp):
@@ -122,7 +67,8 @@ class _PoolBase(Kernel):
         kernel, strides, dil = spatial_attrs(self.attrs, nd)
         if len(kernel) != nd:
             raise ValueError(f"kernel_shape {list(kernel)} does not match spatial rank {nd}")
-        pb, pe, extra, out_sp = pool_geometry(x.shape[2:], kernel, strides, dil, self.pads, self.auto_pad, self.ceil_mode)
+        pb, pe, extra, out_sp = pool_geometry(x.shape[2:], kernel, strides, dil, self.pads, self.auto_pad,
+                                              self.ceil_mode, self.node.describe())
         return kernel, strides, dil, pb, pe, extra, out_sp
 
 

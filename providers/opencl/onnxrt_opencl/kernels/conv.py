@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import numpy as np
 from onnxrt.errors import InvalidArgument
+from onnxrt.windows import conv_transpose_geometry
 
 from ..registry import op
 from .base import CLKernel
@@ -394,37 +395,6 @@ class ConvTranspose(CLKernel):
     def prepare(self):
         _program(self.rt, self.node.input_dtype(0))
 
-    def _geometry(self, in_sp, kernel, strides, dil, desc):
-        """``(pads_begin, out_spatial)``; padding is never negative, as in onnxruntime."""
-        a = self.attrs
-        nd = len(in_sp)
-        opad = list(a.get("output_padding") or [0] * nd)
-        if len(opad) != nd:
-            raise InvalidArgument(f"{desc}: output_padding {opad} must have {nd} entries")
-        full = [strides[i] * (in_sp[i] - 1) + opad[i] + (kernel[i] - 1) * dil[i] + 1 for i in range(nd)]
-        out_shape = a.get("output_shape")
-        pads = a.get("pads")
-        explicit = bool(out_shape)
-        if explicit:
-            out_shape = list(out_shape)[-nd:]
-        elif self.auto_pad in ("SAME_UPPER", "SAME_LOWER") and not pads:
-            out_shape = [in_sp[i] * strides[i] for i in range(nd)]
-        if out_shape:
-            pb, out = [], []
-            for i in range(nd):
-                total = max(0, full[i] - out_shape[i])
-                pb.append(total // 2 if self.auto_pad == "SAME_UPPER" else total - total // 2)
-                out.append(out_shape[i] if explicit else full[i] - total)
-            return pb, out
-        if self.auto_pad == "VALID" or not pads:
-            pads = [0] * (2 * nd)
-        if len(pads) != 2 * nd or min(pads) < 0:
-            raise InvalidArgument(f"{desc}: pads {list(pads)} must be {2 * nd} non-negative entries")
-        out = [full[i] - pads[i] - pads[nd + i] for i in range(nd)]
-        if min(out) < 1:
-            raise InvalidArgument(f"{desc}: output shape {out} is not positive")
-        return list(pads[:nd]), out
-
     def run(self, x, w, b=None):
         desc = self.node.describe()
         _check(x, w, desc)
@@ -438,7 +408,7 @@ class ConvTranspose(CLKernel):
         cg = c // g
         kernel, strides, dil = spatial_attrs(self.attrs, nd, w.shape[2:], desc)
         in_sp = x.shape[2:]
-        pb, out_sp = self._geometry(in_sp, kernel, strides, dil, desc)
+        pb, out_sp = conv_transpose_geometry(in_sp, kernel, strides, dil, self.attrs, self.auto_pad, desc)
         _check_bias(b, m, desc)
         rt = self.rt
         y = rt.empty((n, m, *out_sp), x.dtype)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 from onnxrt.errors import InvalidArgument
+from onnxrt.windows import pool_geometry
 
 from ..registry import op
 from .base import CLKernel
@@ -21,7 +22,7 @@ from .conv import GEOM_DECL, geometry_args, spatial_attrs, to_3d
 from .gemm import FLOATS, dev, fp_options, launch_size, params
 from .reduce import reduce_rows
 
-__all__ = ["AveragePool", "GlobalAveragePool", "GlobalMaxPool", "LpPool", "MaxPool", "pool_geometry"]
+__all__ = ["AveragePool", "GlobalAveragePool", "GlobalMaxPool", "LpPool", "MaxPool"]
 
 POOL_SOURCE = GEOM_DECL + r"""
 /* mode 0: max, 1: average, 2: Lp (p given).  (ED, EH, EW): pads at the end, which
@@ -88,54 +89,6 @@ __kernel void pool(__global const real* x, __global real* y, __global long* ind,
 """
 
 
-def pool_geometry(in_sp, kernel, strides, dilations, pads, auto_pad, ceil_mode, desc):
-    """``(pads_begin, pads_end, out_spatial)`` of a pooling window per the ONNX rules."""
-    nd = len(in_sp)
-    auto_pad = auto_pad or "NOTSET"
-    ek = [(kernel[i] - 1) * dilations[i] + 1 for i in range(nd)]
-    out = []
-    if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
-        pb, pe = [], []
-        for i in range(nd):
-            o = -(-in_sp[i] // strides[i])
-            total = max(0, (o - 1) * strides[i] + ek[i] - in_sp[i])
-            b = total // 2 if auto_pad == "SAME_UPPER" else total - total // 2
-            pb.append(b)
-            pe.append(total - b)
-            out.append(o)
-    elif auto_pad == "VALID":
-        pb, pe = [0] * nd, [0] * nd
-        for i in range(nd):
-            if ceil_mode:
-                out.append(-(-(in_sp[i] - ek[i] + 1) // strides[i]))
-            else:
-                out.append((in_sp[i] - ek[i]) // strides[i] + 1)
-    elif auto_pad == "NOTSET":
-        pads = list(pads) if pads else [0] * (2 * nd)
-        if len(pads) != 2 * nd or min(pads) < 0:
-            raise InvalidArgument(f"{desc}: pads {pads} must be {2 * nd} non-negative entries")
-        pb, pe = pads[:nd], pads[nd:]
-        for i in range(nd):
-            span = in_sp[i] + pb[i] + pe[i] - ek[i]
-            if ceil_mode:
-                o = -(-span // strides[i]) + 1
-                # a window starting in the end padding is dropped
-                if (o - 1) * strides[i] >= in_sp[i] + pb[i]:
-                    o -= 1
-            else:
-                o = span // strides[i] + 1
-            out.append(o)
-    else:
-        raise InvalidArgument(f"{desc}: unknown auto_pad {auto_pad!r}")
-    for i in range(nd):
-        if out[i] < 1:
-            raise InvalidArgument(
-                f"{desc}: pooling window {kernel[i]} (dilation {dilations[i]}) does not fit spatial axis {i} "
-                f"of size {in_sp[i]} with pads ({pb[i]}, {pe[i]})"
-            )
-    return list(pb), list(pe), out
-
-
 def _pool_ok(node) -> str | None:
     ks = node.attrs.get("kernel_shape")
     if ks is None:
@@ -163,7 +116,7 @@ class _Pool(CLKernel):
             raise InvalidArgument(f"{desc}: input shape {x.shape} does not match kernel_shape {self.kernel_shape}")
         kernel, strides, dil = spatial_attrs(self.attrs, nd, self.kernel_shape, desc)
         in_sp = x.shape[2:]
-        pb, pe, out_sp = pool_geometry(in_sp, kernel, strides, dil, self.pads, self.auto_pad, self.ceil_mode, desc)
+        pb, pe, _, out_sp = pool_geometry(in_sp, kernel, strides, dil, self.pads, self.auto_pad, self.ceil_mode, desc)
         rt = self.rt
         nc = x.shape[0] * x.shape[1]
         y = rt.empty(x.shape[:2] + tuple(out_sp), x.dtype)
