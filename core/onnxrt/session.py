@@ -9,6 +9,7 @@ providers in priority order, run the provider-specific transforms, build kernels
 from __future__ import annotations
 
 import logging
+import math
 import threading
 from typing import Any, Sequence
 
@@ -18,7 +19,7 @@ from onnx import ModelProto
 
 from .errors import Fail, InvalidArgument, InvalidGraph, NotImplemented, OnnxRtError
 from .functions import expand_functions
-from .ir import Graph, Node
+from .ir import Graph, Node, tensor_to_array
 from .kernel import NodeInfo, decode_attribute
 from .limits import CONFIG_KEY as LIMIT_CONFIG_KEY
 from .limits import limit_allocations
@@ -119,11 +120,14 @@ class InferenceSession:
         with limit_allocations(self._max_bytes):
             proto, self._model_dir = load_model(path_or_bytes)
             self._opsets = check_versions(proto)
-            self._proto = proto
+            # the session keeps the model's structure and its weights as arrays, never
+            # the weights twice: the full proto is dropped once they are decoded
+            self._proto, self._weights = _split_weights(proto)
+            del proto
             self._threads = ThreadSettings(self._sess_options.intra_op_num_threads)
             self._lock = threading.Lock()
             # IR < 4 lists every initializer as an input; only IR >= 4 makes them overridable
-            self._ir_overridable = proto.ir_version >= 4
+            self._ir_overridable = self._proto.ir_version >= 4
             with session_logging(self._sess_options):  # log_severity_level 0/1 shows the partition decisions
                 self._built = self._build(providers, provider_options)
         self._describe_io(self._built.graph)
@@ -132,17 +136,34 @@ class InferenceSession:
 
     # -- building -----------------------------------------------------------------------
     def _typed_proto(self) -> ModelProto:
+        """The structure with inferred types; large weights enter as typed inputs.
+
+        Shape inference copies the model it is given; given only the structure (large
+        weights declared as inputs of their type and shape) it costs no weight copy,
+        and the values it propagates (shapes, small integer tensors) all stay.
+        """
+        light = ModelProto()
+        light.CopyFrom(self._proto)
+        declared = {vi.name for vi in light.graph.input}
+        light.graph.input.extend(
+            onnx.helper.make_tensor_value_info(name, onnx.helper.np_dtype_to_tensor_dtype(a.dtype), a.shape)
+            for name, a in self._weights.items() if name not in declared
+        )
         try:
-            return onnx.shape_inference.infer_shapes(self._proto, check_type=False, strict_mode=False)
+            return onnx.shape_inference.infer_shapes(light, check_type=False, strict_mode=False)
         except Exception as e:  # noqa: BLE001 - types help, but are optional
             logger.info("shape inference failed (%s); continuing without inferred types", e)
-            return self._proto
+            return light
 
     def _build(self, providers, provider_options) -> _Built:
         so = self._sess_options
         built = _Built()
         typed = self._typed_proto()
         graph = Graph.from_proto(typed.graph, self._opsets)
+        if self._weights:
+            declared = {vi.name for vi in self._proto.graph.input}
+            graph.inputs = [vi for vi in graph.inputs if vi.name in declared]
+            graph.initializers.update(self._weights)
         self._apply_free_dims(graph)
         for name, value in so._initializers.items():
             if name not in graph.initializers:
@@ -204,7 +225,8 @@ class InferenceSession:
     def _describe_io(self, graph: Graph) -> None:
         """Inputs, outputs and the feed checker: fixed for the session's lifetime."""
         og = self._proto.graph
-        init_names = {t.name for t in og.initializer} | {t.values.name for t in og.sparse_initializer}
+        init_names = ({t.name for t in og.initializer} | {t.values.name for t in og.sparse_initializer}
+                      | set(self._weights))
         self._inputs = [NodeArg(vi.name, vi.type) for vi in og.input if vi.name not in init_names]
         self._overridable = (
             [NodeArg(vi.name, vi.type) for vi in og.input if vi.name in init_names] if self._ir_overridable else []
@@ -487,6 +509,47 @@ def _max_allocation_bytes(so: SessionOptions) -> int:
     if value <= 0:
         raise InvalidArgument(f"session config entry {LIMIT_CONFIG_KEY!r} must be a positive integer, not {text!r}")
     return value
+
+
+#: initializers above this many elements are held as arrays, outside the kept proto
+_LARGE_WEIGHT = 1024
+
+
+def _split_weights(proto: ModelProto) -> tuple[ModelProto, dict[str, np.ndarray]]:
+    """The model without its large main-graph initializers, and those decoded to arrays.
+
+    Integer tensors stay in the proto at any size: shape inference propagates their
+    values (Reshape targets, Slice bounds, Gather indices).
+    """
+    keep_ints = (onnx.TensorProto.INT64, onnx.TensorProto.INT32)
+    big = [t for t in proto.graph.initializer
+           if t.data_type not in keep_ints and math.prod(t.dims) > _LARGE_WEIGHT]
+    if not big:
+        return proto, {}
+    weights = {}
+    for t in big:
+        if t.name in weights:
+            raise InvalidGraph(f"initializer {t.name!r} is defined twice")
+        weights[t.name] = tensor_to_array(t, "initializer")
+    light = ModelProto()
+    _copy_fields(proto, light, skip="graph")
+    _copy_fields(proto.graph, light.graph, skip="initializer")
+    light.graph.initializer.extend(t for t in proto.graph.initializer if t.name not in weights)
+    return light, weights
+
+
+def _copy_fields(src, dst, skip: str) -> None:
+    """Copy every set field of message ``src`` into ``dst`` except ``skip``, leaving ``src`` as it is."""
+    for fd, value in src.ListFields():
+        if fd.name == skip:
+            continue
+        # protobuf 5.28 added is_repeated and later ones dropped label
+        if fd.is_repeated if hasattr(fd, "is_repeated") else fd.label == fd.LABEL_REPEATED:
+            getattr(dst, fd.name).extend(value)
+        elif fd.message_type is not None:
+            getattr(dst, fd.name).CopyFrom(value)
+        else:
+            setattr(dst, fd.name, value)
 
 
 def _report_fused_nodes(graph: Graph, built: "_Built") -> None:

@@ -275,3 +275,30 @@ def test_set_providers_rebuilds(mlp_model):
     sess.set_providers(["CPUExecutionProvider"])
     assert sess.get_providers() == ["CPUExecutionProvider"]
     np.testing.assert_array_equal(sess.run(None, {"x": x})[0], before)
+
+
+def test_large_weights_are_held_once_as_arrays_and_the_model_still_round_trips(tmp_path):
+    """The session keeps large initializers as arrays, not in a second copy of the proto,
+    and everything that reads the model (inputs, overridable initializers, metadata, the
+    saved optimized model, set_providers) still sees them."""
+    from onnx import numpy_helper
+
+    w = np.random.default_rng(0).standard_normal((32, 48)).astype(np.float32)
+    shape = numpy_helper.from_array(np.array([-1, 32], np.int64), "shape")
+    nodes = [helper.make_node("Reshape", ["x", "shape"], ["r"]), helper.make_node("MatMul", ["r", "w"], ["y"])]
+    m = make_model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 64])],
+                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                   [numpy_helper.from_array(w, "w"), shape])
+    so = ort.SessionOptions()
+    so.optimized_model_filepath = str(tmp_path / "opt.onnx")
+    sess = ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    assert [a.name for a in sess.get_inputs()] == ["x"]
+    assert "w" not in {t.name for t in sess._proto.graph.initializer} and "w" in sess._weights
+    x = np.ones((3, 64), np.float32)
+    (y,) = sess.run(None, {"x": x})
+    want = x.reshape(-1, 32) @ w
+    np.testing.assert_allclose(y, want, rtol=1e-5)
+    saved = onnx.load(so.optimized_model_filepath)
+    assert "w" in {t.name for t in saved.graph.initializer}
+    sess.set_providers(["CPUExecutionProvider"])
+    np.testing.assert_allclose(sess.run(None, {"x": x})[0], want, rtol=1e-5)
