@@ -67,10 +67,20 @@ def camel(name: str) -> str:
     return "".join(part[:1].upper() + part[1:] for part in name.split("_") if part)
 
 
+#: where a wheel install carries its copy of the template (see setup.py)
+_PACKAGED_TEMPLATE = Path(__file__).resolve().parent / "_template"
+
+
 def template_dir() -> Path:
-    """The template folder: ``$ONNXRT_PROVIDER_TEMPLATE``, else the source tree's."""
+    """The template folder: ``$ONNXRT_PROVIDER_TEMPLATE``, else the source tree's, else
+    the copy an installed wheel carries."""
     env = os.environ.get(TEMPLATE_ENV_VAR)
-    path = Path(env) if env else _SOURCE_TEMPLATE
+    if env:
+        path = Path(env)
+    elif (_SOURCE_TEMPLATE / "pyproject.toml").is_file():
+        path = _SOURCE_TEMPLATE
+    else:
+        path = _PACKAGED_TEMPLATE
     if not (path / "pyproject.toml").is_file():
         where = f"${TEMPLATE_ENV_VAR}={env}" if env else str(path)
         raise TemplateError(

@@ -99,3 +99,25 @@ def test_help_lists_the_command(capsys):
     with pytest.raises(SystemExit):
         main(["new-provider", "--help"])
     assert "--output" in capsys.readouterr().out
+
+
+def test_an_installed_wheel_carries_the_template_and_renders_from_it(tmp_path, monkeypatch):
+    """Outside a source checkout, ``new-provider`` uses the copy the wheel ships."""
+    import subprocess
+    import sys
+    import zipfile
+    from pathlib import Path
+
+    root = Path(scaffold.__file__).resolve().parents[2]
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
+                    "-w", str(tmp_path / "dist"), str(root)], check=True, capture_output=True, timeout=300)
+    (wheel,) = (tmp_path / "dist").glob("onnxrt-*.whl")
+    with zipfile.ZipFile(wheel) as z:
+        z.extractall(tmp_path / "site")
+    packaged = tmp_path / "site" / "onnxrt" / "_template"
+    assert (packaged / "pyproject.toml").is_file() and (packaged / "onnxrt_{{name}}" / "provider.py").is_file()
+    monkeypatch.delenv(scaffold.TEMPLATE_ENV_VAR, raising=False)
+    monkeypatch.setattr(scaffold, "_SOURCE_TEMPLATE", tmp_path / "no-source-tree")
+    monkeypatch.setattr(scaffold, "_PACKAGED_TEMPLATE", packaged)
+    out = scaffold.render_provider("acme", tmp_path / "acme")
+    assert 'name = "AcmeExecutionProvider"' in (out / "onnxrt_acme" / "provider.py").read_text()
