@@ -15,7 +15,7 @@ import numpy as np
 from .errors import InvalidArgument
 from .kernel import Kernel, KernelRegistry, NodeInfo
 
-__all__ = ["Device", "HostDevice", "ExecutionProvider", "Capability", "group_io"]
+__all__ = ["Device", "HostDevice", "ExecutionProvider", "Capability", "group_io", "flag_option", "size_option"]
 
 
 class Device:
@@ -66,6 +66,33 @@ class Capability:
 
     def __repr__(self) -> str:
         return f"Capability({[n.name for n in self.nodes]})"
+
+
+def flag_option(v: Any) -> bool:
+    """A boolean provider option: ``True``/``False``, 0/1, or the strings onnxruntime
+    users pass (``"1"``, ``"true"``, ``"on"``, ``"0"``, ``"false"``, ``"off"``, ...).
+
+    For :attr:`ExecutionProvider.option_types`; anything else is a ``ValueError``,
+    which the base class reports as an ``InvalidArgument`` naming the option.
+    """
+    if isinstance(v, str):
+        low = v.strip().lower()
+        if low in ("1", "true", "yes", "on"):
+            return True
+        if low in ("0", "false", "no", "off"):
+            return False
+        raise ValueError("expected a boolean")
+    if not isinstance(v, (bool, int, np.integer)):
+        raise ValueError("expected a boolean")
+    return bool(v)
+
+
+def size_option(v: Any) -> int:
+    """A byte count provider option (an int or its string), 0 meaning no limit."""
+    n = int(v)
+    if n < 0:
+        raise ValueError("must be >= 0 (0: no limit)")
+    return n
 
 
 def group_io(graph, nodes: list) -> tuple[list[str], list[str]]:

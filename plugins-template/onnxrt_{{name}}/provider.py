@@ -8,24 +8,13 @@ compiles, which node groups it fuses and how.
 from __future__ import annotations
 
 from onnxrt import ExecutionProvider
+from onnxrt.providers import flag_option
 
 from . import fusion
 from .device import {{Name}}Device
 from .kernels import build_registry
 
 __all__ = ["{{Name}}ExecutionProvider"]
-
-
-def _flag(value) -> bool:
-    """Provider options may arrive as strings (from the command line, say)."""
-    if isinstance(value, str):
-        low = value.strip().lower()
-        if low in ("1", "true", "yes", "on"):
-            return True
-        if low in ("0", "false", "no", "off", ""):
-            return False
-        raise ValueError("expected a boolean (true/false, 1/0)")
-    return bool(value)
 
 
 class {{Name}}ExecutionProvider(ExecutionProvider):
@@ -35,8 +24,9 @@ class {{Name}}ExecutionProvider(ExecutionProvider):
     aliases = ("{{name}}",)
     #: the default order when the user lists no providers: higher first (the CPU is 0)
     priority = 50
-    #: option name -> converter; any other key is an error naming the known ones
-    option_types = {"device_id": int, "fuse_elementwise": _flag}
+    #: option name -> converter; any other key is an error naming the known ones (options may
+    #: arrive as strings: flag_option takes "true"/"1"/"on" and the like)
+    option_types = {"device_id": int, "fuse_elementwise": flag_option}
     default_options = {"device_id": 0, "fuse_elementwise": False}
 
     @classmethod

@@ -13,7 +13,7 @@ import numpy as np
 from onnxrt.errors import EPFail, InvalidArgument
 from onnxrt.kernel import KernelRegistry, NodeInfo
 from onnxrt.partition import cpu_preferred_nodes
-from onnxrt.providers import Capability, Device, ExecutionProvider
+from onnxrt.providers import Capability, Device, ExecutionProvider, flag_option, size_option
 
 from . import runtime
 from .codegen import CTYPES, fusable
@@ -23,13 +23,6 @@ __all__ = ["CUDAExecutionProvider", "parse_options"]
 ARENA_STRATEGIES = ("kNextPowerOfTwo", "kSameAsRequested")
 
 
-def _size(v: Any) -> int:
-    n = int(v)
-    if n < 0:
-        raise ValueError("must be >= 0 (0: no limit)")
-    return n
-
-
 def _device_id(v: Any) -> int:
     if isinstance(v, bool):
         raise ValueError("expected a device index")
@@ -37,19 +30,6 @@ def _device_id(v: Any) -> int:
     if n < 0:
         raise ValueError("must be >= 0")
     return n
-
-
-def _flag(v: Any) -> bool:
-    if isinstance(v, str):
-        low = v.strip().lower()
-        if low in ("1", "true", "yes", "on"):
-            return True
-        if low in ("0", "false", "no", "off"):
-            return False
-        raise ValueError("expected a boolean")
-    if not isinstance(v, (bool, int, np.integer)):
-        raise ValueError("expected a boolean")
-    return bool(v)
 
 
 def _strategy(v: Any) -> str:
@@ -90,8 +70,8 @@ class CUDAExecutionProvider(ExecutionProvider):
     name = "CUDAExecutionProvider"
     aliases = ("cuda",)
     priority = 100
-    option_types = {"device_id": _device_id, "gpu_mem_limit": _size, "arena_extend_strategy": _strategy,
-                    "use_memory_pool": _flag, "enable_fusion": _flag}
+    option_types = {"device_id": _device_id, "gpu_mem_limit": size_option, "arena_extend_strategy": _strategy,
+                    "use_memory_pool": flag_option, "enable_fusion": flag_option}
     default_options = {"device_id": 0, "gpu_mem_limit": 0, "arena_extend_strategy": "kNextPowerOfTwo",
                        "use_memory_pool": True, "enable_fusion": True}
 

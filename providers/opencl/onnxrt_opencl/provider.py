@@ -15,7 +15,7 @@ import numpy as np
 from onnxrt.errors import EPFail
 from onnxrt.kernel import KernelRegistry, NodeInfo
 from onnxrt.partition import cpu_preferred_nodes
-from onnxrt.providers import Capability, Device, ExecutionProvider
+from onnxrt.providers import Capability, Device, ExecutionProvider, flag_option, size_option
 
 __all__ = ["OpenCLExecutionProvider", "OpenCLDevice"]
 
@@ -34,24 +34,6 @@ def _selector(v: Any) -> Any:
     if not s:
         raise ValueError("expected an index or a name")
     return int(s) if s.lstrip("-").isdigit() else s
-
-
-def _size(v: Any) -> int:
-    n = int(v)
-    if n < 0:
-        raise ValueError("must be >= 0 (0: no limit)")
-    return n
-
-
-def _flag(v: Any) -> bool:
-    if isinstance(v, str):
-        low = v.strip().lower()
-        if low in ("1", "true", "yes", "on"):
-            return True
-        if low in ("0", "false", "no", "off"):
-            return False
-        raise ValueError("expected a boolean")
-    return bool(v)
 
 
 class OpenCLDevice(Device):
@@ -141,7 +123,8 @@ class OpenCLExecutionProvider(ExecutionProvider):
     #: below the CPU provider: an OpenCL CPU device (PoCL) is no faster than numpy, so
     #: sessions use OpenCL when asked for it by name; see :func:`default_priority`
     priority = -10
-    option_types = {"platform": _selector, "device": _selector, "memory_limit": _size, "enable_fusion": _flag}
+    option_types = {"platform": _selector, "device": _selector, "memory_limit": size_option,
+                    "enable_fusion": flag_option}
     default_options = {"platform": None, "device": None, "memory_limit": 0, "enable_fusion": True}
 
     def __init__(self, options=None, session_options=None):
