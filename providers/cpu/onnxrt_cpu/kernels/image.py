@@ -15,6 +15,7 @@ import numpy as np
 
 from onnxrt.kernel import Kernel
 from onnxrt.limits import check_allocation
+from onnxrt.resampling import axis_order, axis_table, cubic_kernel, source_coords
 
 from ..registry import op
 
@@ -49,16 +50,6 @@ _COORD_MODES = {
     "tf_crop_and_resize",
     "tf_half_pixel_for_nn",
 }
-
-
-def _cubic_kernel(x: np.ndarray, a: float) -> np.ndarray:
-    """Keys' cubic convolution kernel at distances ``x``."""
-    x = np.abs(x)
-    x2 = x * x
-    x3 = x2 * x
-    near = (a + 2) * x3 - (a + 3) * x2 + 1
-    far = a * x3 - 5 * a * x2 + 8 * a * x - 4 * a
-    return np.where(x <= 1, near, np.where(x < 2, far, 0.0))
 
 
 @op("Resize", since=10)
@@ -152,82 +143,21 @@ class Resize(Kernel):
                 ends[ax] = float(rv[n + i])
         return axes, scale, out, starts, ends
 
-    def _source_coords(self, in_len, out_len, scale, start, end):
-        """Source coordinate of every output position along one axis."""
-        y = np.arange(out_len, dtype=np.float64)
-        c = self.coord
-        # the length the scale implies, before flooring to an integer size
-        out_f = in_len * scale
-        if c == "half_pixel":
-            return (y + 0.5) / scale - 0.5
-        if c == "half_pixel_symmetric":
-            adjustment = out_len / out_f if out_f else 1.0
-            offset = in_len / 2 * (1 - adjustment)
-            return offset + (y + 0.5) / scale - 0.5
-        if c == "pytorch_half_pixel":
-            return (y + 0.5) / scale - 0.5 if out_len > 1 else np.zeros(out_len)
-        if c == "align_corners":
-            return y * (in_len - 1) / (out_f - 1) if out_f != 1 else np.zeros(out_len)
-        if c == "asymmetric":
-            return y / scale
-        if c == "tf_half_pixel_for_nn":
-            return (y + 0.5) / scale
-        # tf_crop_and_resize
-        if out_f != 1:
-            return start * (in_len - 1) + y * (end - start) * (in_len - 1) / (out_f - 1)
-        return np.full(out_len, 0.5 * (start + end) * (in_len - 1))
-
     def _table(self, in_len, out_len, scale, start, end):
         """The :class:`_AxisPlan` of one axis, memoized by its geometry."""
         key = (in_len, out_len, scale, start, end)
         hit = self._tables.get(key)
         if hit is not None:
             return hit
-        x = self._source_coords(in_len, out_len, scale, start, end)
+        x = source_coords(self.coord, in_len, out_len, scale, start, end)
         outside = None
         if self.coord == "tf_crop_and_resize":
             outside = (x < 0) | (x > in_len - 1)
             if not outside.any():
                 outside = None
-        if self.mode == "nearest":
-            # Scales arrive as float32 (0.6 is 0.60000002), so a position meant to
-            # fall on an integer or a half can land a hair beside it; snap those so
-            # the rounding rule decides, not the representation error.
-            half = np.round(x * 2) / 2
-            x = np.where(np.abs(x - half) <= 1e-5 * np.maximum(1.0, np.abs(x)), half, x)
-            nm = self.nearest_mode
-            if nm == "round_prefer_floor":
-                idx = np.ceil(x - 0.5)
-            elif nm == "round_prefer_ceil":
-                idx = np.floor(x + 0.5)
-            elif nm == "floor":
-                idx = np.floor(x)
-            elif nm == "ceil":
-                idx = np.ceil(x)
-            else:  # "simple": Resize-10 rounds down when upsampling, up when downsampling
-                idx = np.ceil(x) if scale < 1 else np.floor(x)
-            res = _AxisPlan(in_len, idx.astype(np.int64)[:, None], None, outside)
-        else:
-            # taps sit at base + k, base = ceil(x) - 1, so the fraction lies in (0, 1]
-            base = np.ceil(x) - 1
-            frac = x - base
-            s = min(scale, 1.0) if self.antialias else 1.0
-            support = 1.0 if self.mode == "linear" else 2.0
-            k0 = int(np.floor(-support / s)) + 1
-            ks = np.arange(k0, 2 - k0, dtype=np.float64)
-            dist = (ks[None, :] - frac[:, None]) * s
-            if self.mode == "linear":
-                w = np.clip(1 - np.abs(dist), 0, 1)
-            else:
-                w = _cubic_kernel(dist, self.cubic_a)
-            if self.antialias:
-                w = w / w.sum(axis=1, keepdims=True)
-            idx = base[:, None].astype(np.int64) + ks.astype(np.int64)[None, :]
-            if self.exclude_outside:
-                w = np.where((idx < 0) | (idx >= in_len), 0.0, w)
-                tot = w.sum(axis=1, keepdims=True)
-                w = w / np.where(tot == 0, 1.0, tot)
-            res = _AxisPlan(in_len, idx, w, outside)
+        idx, w = axis_table(x, in_len, scale, mode=self.mode, nearest_mode=self.nearest_mode,
+                            cubic_a=self.cubic_a, antialias=self.antialias, exclude_outside=self.exclude_outside)
+        res = _AxisPlan(in_len, idx, w, outside)
         if len(self._tables) > 64:
             self._tables.clear()
         self._tables[key] = res
@@ -259,7 +189,7 @@ class Resize(Kernel):
             return (np.zeros(out, dtype=in_dt),)
         if any(X.shape[ax] == 0 for ax in work):
             raise ValueError(f"{self.node.describe()}: cannot resize an empty axis to a non-empty one")
-        work = _axis_order(work, list(X.shape), out)
+        work = axis_order(work, list(X.shape), out)
         masks = []
         if self.mode == "nearest":
             y = X
@@ -275,27 +205,6 @@ class Resize(Kernel):
         for ax, m in masks:
             y[(slice(None),) * ax + (m,)] = np.asarray(self.extrapolation_value).astype(y.dtype)
         return (_cast_result(y, in_dt) if self.mode != "nearest" else y,)
-
-
-def _axis_order(work: list[int], shape: list[int], out: list[int]) -> list[int]:
-    """Order the resized axes to move the least data.
-
-    Each pass writes its whole output; a pass over the innermost axis gathers element
-    by element, which costs several times a pass over an outer axis (whole rows).
-    """
-    if len(work) <= 1:
-        return work
-    last = len(shape) - 1
-    best, best_cost = work, None
-    for perm in itertools.permutations(work):
-        cur = list(shape)
-        cost = 0.0
-        for ax in perm:
-            cur[ax] = out[ax]
-            cost += float(np.prod(cur)) * (4.0 if ax == last else 1.0)
-        if best_cost is None or cost < best_cost:
-            best, best_cost = list(perm), cost
-    return best
 
 
 class _AxisPlan:
@@ -400,7 +309,7 @@ class GridSample(Kernel):
                     w = np.concatenate([1 - t, t], axis=2)
                 else:
                     offs = np.array([-1, 0, 1, 2])
-                    w = _cubic_kernel(offs[None, None, :] - t, -0.75)
+                    w = cubic_kernel(offs[None, None, :] - t, -0.75)
                 idx = x0.astype(np.int64)[:, :, None] + offs
             valid = None
             if self.padding == "zeros":

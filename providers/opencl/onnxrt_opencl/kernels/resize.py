@@ -11,11 +11,11 @@ extrapolated positions need a mask across axes) and non-float inputs stay on the
 
 from __future__ import annotations
 
-import itertools
 import threading
 
 import numpy as np
 from onnxrt.errors import InvalidArgument
+from onnxrt.resampling import axis_order, axis_table, source_coords
 
 from ..registry import op
 from .base import CLKernel
@@ -71,16 +71,6 @@ def _resize_ok(node) -> str | None:
     if a.get("keep_aspect_ratio_policy", "stretch") not in ("stretch", "not_larger", "not_smaller"):
         return f"unknown keep_aspect_ratio_policy {a.get('keep_aspect_ratio_policy')!r}"
     return None
-
-
-def _cubic_kernel(x: np.ndarray, a: float) -> np.ndarray:
-    """Keys' cubic convolution kernel at distances ``x``."""
-    x = np.abs(x)
-    x2 = x * x
-    x3 = x2 * x
-    near = (a + 2) * x3 - (a + 3) * x2 + 1
-    far = a * x3 - 5 * a * x2 + 8 * a * x - 4 * a
-    return np.where(x <= 1, near, np.where(x < 2, far, 0.0))
 
 
 @op("Resize", since=10, types={"T": FLOATS, "T1": FLOATS}, accepts=_resize_ok)
@@ -154,65 +144,15 @@ class Resize(CLKernel):
                     out[ax] = int(np.floor(s * shape[ax] + 0.5))
         return axes, scale, out
 
-    def _source_coords(self, in_len, out_len, scale):
-        y = np.arange(out_len, dtype=np.float64)
-        c = self.coord
-        out_f = in_len * scale  # the length the scale implies, before flooring
-        if c == "half_pixel":
-            return (y + 0.5) / scale - 0.5
-        if c == "half_pixel_symmetric":
-            adjustment = out_len / out_f if out_f else 1.0
-            return in_len / 2 * (1 - adjustment) + (y + 0.5) / scale - 0.5
-        if c == "pytorch_half_pixel":
-            return (y + 0.5) / scale - 0.5 if out_len > 1 else np.zeros(out_len)
-        if c == "align_corners":
-            return y * (in_len - 1) / (out_f - 1) if out_f != 1 else np.zeros(out_len)
-        if c == "asymmetric":
-            return y / scale
-        return (y + 0.5) / scale  # tf_half_pixel_for_nn
-
     def _table(self, in_len, out_len, scale, dtype):
         """Device ``(indices, weights or None, taps)`` of one axis, memoized by geometry."""
         key = (in_len, out_len, scale, dtype)
         hit = self._tables.get(key)
         if hit is not None:
             return hit
-        x = self._source_coords(in_len, out_len, scale)
-        if self.mode == "nearest":
-            # Scales arrive as float32 (0.6 is 0.60000002): snap positions a hair from
-            # an integer or a half so the rounding rule decides, not the representation.
-            half = np.round(x * 2) / 2
-            x = np.where(np.abs(x - half) <= 1e-5 * np.maximum(1.0, np.abs(x)), half, x)
-            nm = self.nearest_mode
-            if nm == "round_prefer_floor":
-                idx = np.ceil(x - 0.5)
-            elif nm == "round_prefer_ceil":
-                idx = np.floor(x + 0.5)
-            elif nm == "floor":
-                idx = np.floor(x)
-            elif nm == "ceil":
-                idx = np.ceil(x)
-            else:  # "simple": rounds down when upsampling, up when downsampling
-                idx = np.ceil(x) if scale < 1 else np.floor(x)
-            idx = idx.astype(np.int64)[:, None]
-            w = None
-        else:
-            # taps sit at base + k, base = ceil(x) - 1, so the fraction lies in (0, 1]
-            base = np.ceil(x) - 1
-            frac = x - base
-            s = min(scale, 1.0) if self.antialias else 1.0
-            support = 1.0 if self.mode == "linear" else 2.0
-            k0 = int(np.floor(-support / s)) + 1
-            ks = np.arange(k0, 2 - k0, dtype=np.float64)
-            dist = (ks[None, :] - frac[:, None]) * s
-            w = np.clip(1 - np.abs(dist), 0, 1) if self.mode == "linear" else _cubic_kernel(dist, self.cubic_a)
-            if self.antialias:
-                w = w / w.sum(axis=1, keepdims=True)
-            idx = base[:, None].astype(np.int64) + ks.astype(np.int64)[None, :]
-            if self.exclude_outside:
-                w = np.where((idx < 0) | (idx >= in_len), 0.0, w)
-                tot = w.sum(axis=1, keepdims=True)
-                w = w / np.where(tot == 0, 1.0, tot)
+        x = source_coords(self.coord, in_len, out_len, scale)
+        idx, w = axis_table(x, in_len, scale, mode=self.mode, nearest_mode=self.nearest_mode,
+                            cubic_a=self.cubic_a, antialias=self.antialias, exclude_outside=self.exclude_outside)
         idx = np.clip(idx, 0, in_len - 1).astype(np.int32)
         res = (
             self.rt.to_device(np.ascontiguousarray(idx)),
@@ -241,7 +181,7 @@ class Resize(CLKernel):
             raise InvalidArgument(f"{desc}: cannot resize an empty axis to a non-empty one")
         y = X
         cur = list(shape)
-        for ax in _axis_order(work, list(shape), out):
+        for ax in axis_order(work, list(shape), out):
             idx, w, taps = self._table(shape[ax], out[ax], scale[ax], np.dtype(X.dtype))
             outer = int(np.prod(cur[:ax]))
             inner = int(np.prod(cur[ax + 1:]))
@@ -266,20 +206,3 @@ class Resize(CLKernel):
                 cl.enqueue_copy(rt.queue, y.base_data, X.base_data, byte_count=X.nbytes,
                                 src_offset=X.offset, dst_offset=y.offset)
         return (y,)
-
-
-def _axis_order(work: list[int], shape: list[int], out: list[int]) -> list[int]:
-    """Order the resized axes to move the least data (a pass over the last axis costs more)."""
-    if len(work) <= 1:
-        return work
-    last = len(shape) - 1
-    best, best_cost = work, None
-    for perm in itertools.permutations(work):
-        cur = list(shape)
-        cost = 0.0
-        for ax in perm:
-            cur[ax] = out[ax]
-            cost += float(np.prod(cur)) * (4.0 if ax == last else 1.0)
-        if best_cost is None or cost < best_cost:
-            best, best_cost = list(perm), cost
-    return best
