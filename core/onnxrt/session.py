@@ -21,6 +21,8 @@ from .errors import Fail, InvalidArgument, InvalidGraph, NotImplemented, OnnxRtE
 from .functions import expand_functions
 from .ir import Graph, Node, tensor_to_array
 from .kernel import NodeInfo, decode_attribute
+from .heap import CONFIG_KEY as HEAP_CONFIG_KEY
+from .heap import tune_heap
 from .limits import CONFIG_KEY as LIMIT_CONFIG_KEY
 from .limits import limit_allocations
 from .load import check_versions, load_model
@@ -117,6 +119,7 @@ class InferenceSession:
         self._profiler = Profiler(self._sess_options) if self._sess_options.enable_profiling else None
         t0 = self._profiler.now() if self._profiler else 0
         self._max_bytes = _max_allocation_bytes(self._sess_options)
+        tune_heap(self._sess_options._config.get(HEAP_CONFIG_KEY, "1").strip() != "0")
         with limit_allocations(self._max_bytes):
             proto, self._model_dir = load_model(path_or_bytes)
             self._opsets = check_versions(proto)

@@ -24,9 +24,12 @@ from onnxrt.threads import current_thread_count
 
 __all__ = ["PARALLEL_MIN_FLOPS", "matmul", "matmul_nd", "parallel_for", "thread_count"]
 
-#: Below this many multiply-adds a product runs on the calling thread alone: handing
-#: work to another thread costs tens of microseconds.
-PARALLEL_MIN_FLOPS = 1 << 21
+#: Below this many multiply-adds a product runs on the calling thread alone. Handing
+#: work to another thread costs a wake-up, and every later hand-over of the GIL
+#: between the two threads another: on a 2-core virtual machine about 45 us each, and
+#: a split product took its serial time / 2 + about 110 us. Below 8M multiply-adds
+#: (about 150 us of single-core SGEMM) splitting lost, above 16M it won.
+PARALLEL_MIN_FLOPS = 12 << 20
 
 
 def thread_count() -> int:
