@@ -65,6 +65,12 @@ CONVS = [
     ("depthwise-5x5-s2-dil", (1, 24, 41, 40), (24, 1, 5, 5),
      {"group": 24, "pads": [3, 4, 4, 3], "strides": [2, 3], "dilations": [2, 1]}),
     ("depthwise-same-lower", (1, 16, 15, 16), (16, 1, 4, 4), {"group": 16, "auto_pad": "SAME_LOWER", "strides": [2, 2]}),
+    # batches of small images: channels-last im2col of several images per product
+    ("batch-stem-7x7-s2", (8, 3, 64, 64), (16, 3, 7, 7), {"pads": [3, 3, 3, 3], "strides": [2, 2]}),
+    ("batch-3x3", (8, 16, 16, 16), (32, 16, 3, 3), {"pads": [1, 1, 1, 1]}),
+    ("batch-3x3-s2-dil-rows", (5, 12, 19, 17), (24, 12, 3, 3),
+     {"pads": [2, 0, 1, 2], "strides": [2, 1], "dilations": [2, 1]}),
+    ("batch-many-blocks", (64, 8, 24, 24), (16, 8, 3, 3), {"pads": [1, 1, 1, 1]}),
     ("conv1d", (2, 16, 500), (32, 16, 5), {"pads": [2, 2]}),
     ("conv1d-depthwise", (1, 32, 300), (32, 1, 7), {"group": 32, "strides": [3]}),
     ("conv3d", (1, 8, 10, 12, 12), (16, 8, 3, 3, 3), {"pads": [1, 1, 1, 1, 1, 1], "strides": [1, 2, 2]}),
@@ -87,6 +93,33 @@ def test_conv_paths_match_onnxruntime(name, x_shape, w_shape, attrs, threads):
     # the per-thread scratch buffers are reused: a second run with other data is right too
     x2 = np.random.default_rng(2).standard_normal(x_shape).astype(np.float32)
     np.testing.assert_allclose(sess.run(None, {"x": x2})[0], ref.run(None, {"x": x2})[0], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_fused_conv_on_a_batch_matches_onnxruntime(threads):
+    """Conv + residual Add + Relu fused (ORT_ENABLE_ALL) on a batch of small images:
+    the bias, the residual and the activation are applied after the channels-last
+    product is transposed back."""
+    rng = np.random.default_rng(0)
+    w = (rng.standard_normal((16, 16, 3, 3)) / 12).astype(np.float32)
+    b = rng.standard_normal(16).astype(np.float32)
+    model = make_model(
+        [
+            helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
+            helper.make_node("Add", ["c", "x"], ["s"]),
+            helper.make_node("Relu", ["s"], ["y"]),
+        ],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [6, 16, 12, 12])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")],
+    ).SerializeToString()
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = threads
+    sess = ort.InferenceSession(model, so, providers=["CPUExecutionProvider"])
+    assert any(r["op_type"] == "FusedConv" for r in sess.get_provider_assignment())
+    x = rng.standard_normal((6, 16, 12, 12)).astype(np.float32)
+    want, = rt.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    np.testing.assert_allclose(sess.run(None, {"x": x})[0], want, rtol=1e-4, atol=1e-4)
 
 
 def test_conv_without_constant_weight_matches_onnxruntime():

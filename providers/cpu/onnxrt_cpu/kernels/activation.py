@@ -17,6 +17,7 @@ from onnxrt.kernel import Kernel
 
 from ..registry import op
 from .math import erf, is_low_float
+from .rows import row_max, row_sum
 
 _F32 = np.dtype(np.float32)
 
@@ -69,19 +70,10 @@ def _softplus(xp, x):
 
 
 def _amax(x, axis):
-    """``x.max(axis, keepdims=True)``; numpy reduces short contiguous rows slowly, so
-    the last axis is folded in halves with elementwise maxima instead."""
-    n = x.shape[axis]
-    if axis != x.ndim - 1 or not 8 <= n < 512:
+    """``x.max(axis, keepdims=True)``, through :func:`row_max` on the last axis."""
+    if axis != x.ndim - 1:
         return x.max(axis=axis, keepdims=True)
-    m = x
-    while n > 1:
-        h = n // 2
-        r = np.maximum(m[..., :h], m[..., h : 2 * h])
-        if n % 2:
-            np.maximum(r[..., :1], m[..., 2 * h :], out=r[..., :1])
-        m, n = r, h
-    return m
+    return row_max(x)
 
 
 @op("Relu", since=1)
@@ -341,7 +333,7 @@ class Softmax(_Normalize):
         with np.errstate(invalid="ignore", over="ignore", under="ignore"):
             y = x - _amax(x, axis)
             np.exp(y, out=y)
-            y /= y.sum(axis=axis, keepdims=True)
+            y /= row_sum(y) if axis == x.ndim - 1 else y.sum(axis=axis, keepdims=True)
         return y
 
 
@@ -354,7 +346,8 @@ class LogSoftmax(_Normalize):
             return x.copy()
         with np.errstate(invalid="ignore", over="ignore", under="ignore", divide="ignore"):
             y = x - _amax(x, axis)
-            y -= np.log(np.exp(y).sum(axis=axis, keepdims=True))
+            e = np.exp(y)
+            y -= np.log(row_sum(e) if axis == x.ndim - 1 else e.sum(axis=axis, keepdims=True))
         return y
 
 

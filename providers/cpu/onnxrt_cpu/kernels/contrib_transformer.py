@@ -21,6 +21,7 @@ from ..parallel import matmul_nd
 from ..registry import op
 from .activation import _sigmoid
 from .math import erf
+from .rows import row_mean
 
 __all__ = [
     "Attention",
@@ -117,13 +118,13 @@ def _layer_norm(v, gamma, beta, eps, simplified):
     """Normalize the last axis; returns ``(y, mean, inv_std)`` (keepdims)."""
     if simplified:
         mean = None
-        ms = np.mean(v * v, axis=-1, keepdims=True)
+        ms = row_mean(v * v)
         inv = 1.0 / np.sqrt(ms + v.dtype.type(eps))
         y = v * inv
     else:
-        mean = v.mean(axis=-1, keepdims=True)
+        mean = row_mean(v)
         y = v - mean
-        var = np.mean(y * y, axis=-1, keepdims=True)
+        var = row_mean(y * y)
         inv = 1.0 / np.sqrt(var + v.dtype.type(eps))
         y *= inv
     y *= gamma
@@ -202,7 +203,7 @@ class SimplifiedLayerNormalization(Kernel):
         axis %= x.ndim
         lead = x.shape[:axis]
         v = _work(x).reshape(int(np.prod(lead, dtype=np.int64)), -1)
-        ms = np.mean(v * v, axis=-1, keepdims=True)
+        ms = row_mean(v * v)
         inv = 1.0 / np.sqrt(ms + v.dtype.type(eps))
         y = (v * inv).reshape(x.shape) * _work(scale)
         outs = (

@@ -10,6 +10,10 @@ packed into the GEMM layout once, when the node's kernel is built:
   multiplies it straight into that band of the output. The buffer is per thread and
   reused across calls; bands, groups and images are the chunks the kernel threads
   share, and a single-band image splits its GEMM instead;
+* a batch of small 2-D images (one band each, group 1) is padded once into a
+  channels-last copy instead, where a block of images' im2col rows is one strided
+  copy and one ``[positions, K] @ [K, M]`` product, transposed back at the end: no
+  per-tap Python loop, which for small images cost more than the product;
 * a depthwise Conv splits the padded input into stride phases so that every tap is a
   contiguous run, gathers a block of channels' taps and runs one batched
   ``[1, taps] @ [taps, span]`` product per channel block;
@@ -156,7 +160,7 @@ class _ConvWeights:
     ``[C, prod(k)]`` when the node is a depthwise convolution (else ``None``).
     """
 
-    __slots__ = ("shape", "group", "kernel", "gemm", "depthwise", "absmax")
+    __slots__ = ("shape", "group", "kernel", "gemm", "depthwise", "absmax", "_rows")
 
     def __init__(self, w: np.ndarray, group: int, dtype: np.dtype):
         if w.ndim < 3:
@@ -169,10 +173,20 @@ class _ConvWeights:
         self.kernel = tuple(w.shape[2:])
         self.depthwise = None
         self.absmax = None
+        self._rows = None
         wc = np.asarray(w, dtype=dtype)
         if group > 1 and w.shape[1] == 1 and m == group:
             self.depthwise = np.ascontiguousarray(wc.reshape(m, -1))
         self.gemm = np.ascontiguousarray(wc.reshape(group, m // group, -1))
+
+    def rows(self) -> np.ndarray:
+        """The 2-D, group-1 weight as ``[kh * kw * C, M]``: the row order of a
+        channels-last im2col (made on first use; a race only builds it twice)."""
+        if self._rows is None:
+            m, c, kh, kw = self.shape
+            w4 = self.gemm.reshape(m, c, kh, kw)
+            self._rows = np.ascontiguousarray(w4.transpose(2, 3, 1, 0).reshape(kh * kw * c, m))
+        return self._rows
 
 
 def _scratch(size: int, dtype) -> np.ndarray:
@@ -275,6 +289,25 @@ def _conv_forward(x, wp: _ConvWeights, strides, dilations, pb, pe, out_sp, bias=
         parallel.parallel_for(len(jobs), unit_job, 1 if flops < parallel.PARALLEL_MIN_FLOPS else threads)
         return y
 
+    if (
+        n > 1
+        and g == 1
+        and nd == 2
+        and K * L <= _BAND_ELEMS
+        and dilations[1] == 1
+        and min(pb) >= 0
+        and min(pe) >= 0
+    ):
+        _conv_rows(x, wp, strides, dilations, pb, pe, out_sp, y, pad_value)
+        yb = y.reshape(n, m, L)
+        if bcol is not None:
+            yb += bcol
+        if residual is not None:
+            y += residual
+        if activation is not None:
+            activation(y)
+        return y
+
     xp = pad_spatial(x, pb, pe, pad_value)
     rows = out_sp[0]
     inner = L // rows
@@ -317,6 +350,61 @@ def _conv_forward(x, wp: _ConvWeights, strides, dilations, pb, pe, out_sp, bias=
 
     parallel.parallel_for(len(jobs), band_job, 1 if flops < parallel.PARALLEL_MIN_FLOPS else threads)
     return y
+
+
+#: Elements of one block of channels-last im2col rows (8 MiB of float32).
+_ROWS_BLOCK_ELEMS = 1 << 21
+
+
+def _conv_rows(x, wp, strides, dilations, pb, pe, out_sp, y, pad_value):
+    """A 2-D, group-1 convolution of a batch of small images into ``y``, channels last.
+
+    The NCHW path gathers each image's taps in a Python loop (one copy per tap) and
+    runs one product per image; for small images (a 7x7 stem on 3 channels, 3x3
+    layers on 16 to 64 channels at 8x8 to 32x32) that loop costs more than the
+    product, and the pool threads, each needing the GIL for every copy, slow each
+    other down. Here the batch is padded into one channels-last copy, in which the
+    taps of an output position are ``kh`` runs of ``kw * C`` contiguous values, so a
+    block of images' im2col rows is one strided copy and its product one GEMM
+    (``[positions, K] @ [K, M]``); blocks of images are the chunks threads share, and
+    the result is transposed back to NCHW at the end.
+    """
+    n, c, h, w = x.shape
+    (kh, kw), (sh, sw), (dh, _), (oh, ow) = wp.kernel, strides, dilations, out_sp
+    hp, wpad = h + pb[0] + pe[0], w + pb[1] + pe[1]
+    xp = np.full((n, hp, wpad, c), pad_value, dtype=x.dtype) if pad_value else np.zeros((n, hp, wpad, c), x.dtype)
+    xp[:, pb[0] : pb[0] + h, pb[1] : pb[1] + w] = x.transpose(0, 2, 3, 1)
+    s_n, s_h, s_w, s_c = xp.strides
+    view = np.lib.stride_tricks.as_strided(
+        xp, (n, oh, ow, kh, kw * c), (s_n, sh * s_h, sw * s_w, dh * s_h, s_c), writeable=False
+    )
+    w_rows = wp.rows()
+    k, m = w_rows.shape
+    per = oh * ow
+    out = np.empty((n * per, m), dtype=x.dtype)
+    threads = parallel.thread_count()
+    if n * per * k * m < parallel.PARALLEL_MIN_FLOPS:
+        threads = 1
+    budget = max(1, _ROWS_BLOCK_ELEMS // k)  # output positions per block
+    if per <= budget and n > 1:
+        # blocks of whole images, at least one per thread
+        parts = max(-(-n // max(1, budget // per)), min(n, threads))
+        cuts = [n * i // parts for i in range(parts + 1)]
+        jobs = [(cuts[i], cuts[i + 1], 0, oh) for i in range(parts) if cuts[i] < cuts[i + 1]]
+    else:
+        # bands of output rows of each image
+        band = max(1, min(oh, budget // ow, -(-oh // threads) if n < threads else oh))
+        jobs = [(i, i + 1, r0, min(oh, r0 + band)) for i in range(n) for r0 in range(0, oh, band)]
+
+    def part(j):
+        i0, i1, r0, r1 = jobs[j]
+        cols = _scratch((i1 - i0) * (r1 - r0) * ow * k, x.dtype).reshape(i1 - i0, r1 - r0, ow, kh, kw * c)
+        np.copyto(cols, view[i0:i1, r0:r1])
+        a = i0 * per + r0 * ow
+        np.matmul(cols.reshape(-1, k), w_rows, out=out[a : a + (i1 - i0) * (r1 - r0) * ow])
+
+    parallel.parallel_for(len(jobs), part, threads)
+    y.reshape(n, m, per)[...] = out.reshape(n, per, m).transpose(0, 2, 1)
 
 
 def _phases(x, kernel, strides, dilations, pb, pe, out_sp, pad_value):

@@ -14,6 +14,7 @@ from onnxrt.dtypes import np_dtype
 from onnxrt.kernel import Kernel
 
 from ..registry import op
+from .rows import row_mean
 
 
 def _work_dtype(*dts) -> np.dtype:
@@ -114,9 +115,11 @@ class BatchNormalization(Kernel):
 
 def _normalize(xc, axes, eps):
     """``(x - mean) / sqrt(var + eps)`` over ``axes``, with the mean and 1/std (keepdims)."""
-    mean = xc.mean(axis=axes, keepdims=True)
+    last = axes in (-1, xc.ndim - 1)
+    mean = row_mean(xc) if last else xc.mean(axis=axes, keepdims=True)
     d = xc - mean
-    var = np.mean(d * d, axis=axes, keepdims=True)
+    sq = d * d
+    var = row_mean(sq) if last else np.mean(sq, axis=axes, keepdims=True)
     inv = 1.0 / np.sqrt(var + xc.dtype.type(eps))
     d *= inv
     return d, mean, inv
