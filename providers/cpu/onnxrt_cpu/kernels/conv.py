@@ -311,19 +311,25 @@ def _conv_forward(x, wp: _ConvWeights, strides, dilations, pb, pe, out_sp, bias=
     xp = pad_spatial(x, pb, pe, pad_value)
     rows = out_sp[0]
     inner = L // rows
-    tap_list = list(tap_slices(kernel, strides, dilations, out_sp))
     band = max(1, _BAND_ELEMS // max(1, K * inner), -(-_BAND_MIN_COLS // inner))
     if band < rows and threads > 1 and flops >= parallel.PARALLEL_MIN_FLOPS:
         band = min(band, -(-rows // threads))
     band = min(rows, band)
     s0 = strides[0]
 
+    # every tap's strided slice at once: a view [cg, *kernel, *out] of the padded input
+    # (one copy per band, in C, instead of one per tap: the pool threads need the GIL
+    # for each numpy call, and hand it over at a cost)
+    sx = xp.strides
+    view_strides = (sx[1], *(sx[2 + a] * dilations[a] for a in range(nd)),
+                    *(sx[2 + a] * strides[a] for a in range(nd)))
+
     def gather(i, gi, r0, r1, cols):
-        src = xp[i, gi * cg : (gi + 1) * cg]
-        for tap, sl in tap_list:
-            start = sl[0].start + s0 * r0
-            s = (slice(start, start + s0 * (r1 - r0 - 1) + 1, s0),) + sl[1:]
-            cols[(slice(None),) + tap] = src[(slice(None),) + s]
+        src = xp[i, gi * cg : (gi + 1) * cg, s0 * r0 :]
+        view = np.lib.stride_tricks.as_strided(
+            src, (cg, *kernel, r1 - r0, *out_sp[1:]), view_strides, writeable=False
+        )
+        np.copyto(cols, view)
 
     if band >= rows and (n * g == 1 or flops >= parallel.PARALLEL_MIN_FLOPS * n * g):
         # One band per image: gather once, then split the product itself.
