@@ -301,3 +301,53 @@ def test_default_thread_count_is_the_usable_cores(probe_plugin):
     sess = ort.InferenceSession(_probe_model(), providers=["CPUExecutionProvider"])
     y = sess.run(None, {"x": np.zeros(2, np.int64)})[0]
     assert y[0] == len(os.sched_getaffinity(0))
+
+
+# -- branch-free selection (onnxrt_cpu.kernels.select) -----------------------------------
+
+SELECT_DTYPES = [np.float32, np.float64, np.float16, np.int64, np.int32, np.int8, np.uint16, np.bool_, np.complex64]
+SELECT_SHAPES = [
+    ((4, 5000), (4, 5000), (4, 5000)),
+    ((5000,), (4, 5000), (4, 1)),
+    ((1,), (3000,), (3000,)),
+    ((), (4, 600), (4, 600)),
+    ((3, 1, 700), (1, 5, 700), (3, 5, 1)),
+    ((7,), (7,), (7,)),  # below the blend's size: numpy's own where
+]
+
+
+@pytest.mark.parametrize("dtype", SELECT_DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("shapes", SELECT_SHAPES, ids=str)
+def test_blend_where_is_bitwise_numpy_where(dtype, shapes):
+    from onnxrt_cpu.kernels.select import where
+
+    rng = np.random.default_rng(0)
+    sa, sb, sc = shapes
+    with np.errstate(invalid="ignore"):
+        a = (rng.standard_normal(sa) * 50).astype(dtype)
+        b = (rng.standard_normal(sb) * 50).astype(dtype)
+    if np.dtype(dtype).kind == "f" and a.ndim == 2:
+        a[0, :5] = np.nan
+        b[1, :3] = -np.inf
+        a[1, 5:9] = -0.0
+    cond = rng.random(sc) > 0.5
+    got, want = where(cond, a, b), np.where(cond, a, b)
+    assert got.dtype == want.dtype and got.shape == want.shape
+    assert got.tobytes() == want.tobytes()
+
+
+def test_relu_and_clamp_match_numpy_including_nan():
+    from onnxrt_cpu.kernels.select import clamp, relu
+
+    x = np.random.default_rng(0).standard_normal(100_000).astype(np.float32)
+    x[:3] = [np.nan, np.inf, -np.inf]
+    np.testing.assert_array_equal(relu(x), np.maximum(x, np.float32(0)))
+    np.testing.assert_array_equal(clamp(x, 0, 6), np.minimum(np.maximum(x, np.float32(0)), np.float32(6)))
+    np.testing.assert_array_equal(clamp(x, None, 1), np.minimum(x, np.float32(1)))
+    xi = (x[3:] * 100).astype(np.int32)
+    np.testing.assert_array_equal(clamp(xi, None, 5), np.minimum(xi, 5))
+    np.testing.assert_array_equal(relu(xi), np.maximum(xi, 0))
+    # min > max: every value becomes max, as the ONNX spec says
+    np.testing.assert_array_equal(clamp(x[3:], 2, 1), np.full(x.size - 3, 1, np.float32))
+    out = x.copy()
+    assert relu(out, out=out) is out

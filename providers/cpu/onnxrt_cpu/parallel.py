@@ -138,7 +138,7 @@ def matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None) -> np.nd
     if threads <= 1 or work < PARALLEL_MIN_FLOPS:
         np.matmul(a, b, out=out)
         return out
-    parts = min(2 * threads, max(1, work // PARALLEL_MIN_FLOPS))
+    parts = min(2 * threads, max(threads, work // PARALLEL_MIN_FLOPS))
     if m >= n_:
         cuts = _bounds(m, parts, 8)
 

@@ -18,6 +18,7 @@ from onnxrt.kernel import Kernel
 from ..registry import op
 from .math import erf, is_low_float
 from .rows import row_max, row_sum
+from .select import relu as _relu
 
 _F32 = np.dtype(np.float32)
 
@@ -79,6 +80,8 @@ def _amax(x, axis):
 @op("Relu", since=1)
 def relu(k, x):
     """ONNX Relu (integer types from opset 14)."""
+    if k.xp is np:
+        return _relu(x)
     return k.xp.maximum(x, x.dtype.type(0))
 
 

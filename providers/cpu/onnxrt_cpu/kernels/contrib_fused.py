@@ -15,16 +15,17 @@ from ..registry import op
 from .activation import _sigmoid
 from .conv import Conv
 from .linalg import Gemm
+from .select import clamp, relu, where
 
 __all__ = ["ACTIVATIONS", "FusedConv", "FusedGemm", "apply_activation"]
 
 
 def _leaky(x, alpha=0.01):
-    return np.where(x >= 0, x, x * x.dtype.type(alpha))
+    return where(x >= 0, x, x * x.dtype.type(alpha))
 
 
 def _clip(x, lo=-np.inf, hi=np.inf):
-    return np.clip(x, x.dtype.type(lo), x.dtype.type(hi))
+    return clamp(x, lo, hi)
 
 
 def _hard_sigmoid(x, alpha=0.2, beta=0.5):
@@ -48,7 +49,7 @@ def _scaled_tanh(x, alpha=1.0, beta=1.0):
 
 #: activation name -> (function, number of float parameters it reads)
 ACTIVATIONS = {
-    "Relu": (lambda x: np.maximum(x, 0), 0),
+    "Relu": (relu, 0),
     "Sigmoid": (lambda x: _sigmoid(np, x), 0),
     "Tanh": (np.tanh, 0),
     "LeakyRelu": (_leaky, 1),
@@ -57,6 +58,13 @@ ACTIVATIONS = {
     "Elu": (_elu, 1),
     "ThresholdedRelu": (_thresholded, 1),
     "ScaledTanh": (_scaled_tanh, 2),
+}
+
+
+#: activations applied in place on a convolution's output band (no temporary)
+_INPLACE = {
+    "Relu": lambda x: relu(x, out=x),
+    "Clip": lambda x, lo=-np.inf, hi=np.inf: clamp(x, lo, hi, out=x),
 }
 
 
@@ -94,8 +102,13 @@ class FusedConv(Conv):
             if self.activation:
                 name, params = self.activation, self.params
 
+                inplace = _INPLACE.get(name)
+
                 def act(out):
-                    out[...] = apply_activation(name, out, params)
+                    if inplace is not None:
+                        inplace(out, *params[: ACTIVATIONS[name][1]])
+                    else:
+                        out[...] = apply_activation(name, out, params)
 
             return (self.forward(x, w, b, residual=z, activation=act),)
         (y,) = super().run(x, w, b)

@@ -483,14 +483,28 @@ def _depthwise(x, wp, strides, dilations, pb, pe, out_sp, y, pad_value):
     jobs = [(i, c0) for i in range(n) for c0 in range(0, c, cb)]
     w3 = w.reshape(c, 1, taps)
 
+    # with stride 1 there is one phase and the taps' runs start on a grid (kernel
+    # offsets times dilated pitches): all of a block's runs are one strided view,
+    # copied at once rather than one numpy call per tap
+    unit_stride = len(tap_src) and all(s_ == 1 for s_ in strides)
+    isz = qf.itemsize
+    grid = tuple(dilations[a] * pitch[a] * isz for a in range(len(pitch)))
+
     def block(j):
         i, c0 = jobs[j]
         c1 = min(c, c0 + cb)
         buf = _scratch((c1 - c0) * (taps + 1) * span, x.dtype)
         cols = buf[: (c1 - c0) * taps * span].reshape(c1 - c0, taps, span)
         res = buf[(c1 - c0) * taps * span :].reshape(c1 - c0, 1, span)
-        for t, (ph, off) in enumerate(tap_src):
-            cols[:, t] = qf[i, c0:c1, ph, off : off + span]
+        if unit_stride:
+            src = qf[i, c0:c1, 0]
+            view = np.lib.stride_tricks.as_strided(
+                src, (c1 - c0, *wp.kernel, span), (src.strides[0], *grid, isz), writeable=False
+            )
+            np.copyto(cols.reshape(c1 - c0, *wp.kernel, span), view)
+        else:
+            for t, (ph, off) in enumerate(tap_src):
+                cols[:, t] = qf[i, c0:c1, ph, off : off + span]
         np.matmul(w3[c0:c1], cols, out=res)
         y[i, c0:c1] = res.reshape(c1 - c0, out_sp[0], *q[1:])[crop]
 

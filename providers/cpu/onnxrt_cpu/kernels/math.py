@@ -14,6 +14,8 @@ import numpy as np
 from onnxrt.kernel import Kernel
 
 from ..registry import op
+from .select import clamp
+from .select import where as _blend_where
 
 __all__ = ["erf", "is_low_float", "upcast", "legacy_broadcast"]
 
@@ -441,10 +443,14 @@ def _clip(k, x, lo, hi):
             b = np.clip(b, info.min, info.max)
         return b.astype(y.dtype)
 
-    if lo is not None:
-        y = xp.maximum(y, bound(lo))
-    if hi is not None:
-        y = xp.minimum(y, bound(hi))
+    if xp is np and y.dtype.kind in "iuf":
+        # one np.clip pass: numpy's maximum/minimum against a scalar are slower
+        y = clamp(y, None if lo is None else bound(lo), None if hi is None else bound(hi))
+    else:
+        if lo is not None:
+            y = xp.maximum(y, bound(lo))
+        if hi is not None:
+            y = xp.minimum(y, bound(hi))
     if y is x:
         return x.copy()
     return _cast_back(y, dt)
@@ -460,6 +466,8 @@ def where(k, cond, x, y):
         cond = cond.astype(np.bool_)
     if x.dtype != y.dtype:
         raise TypeError(f"{k.node.describe()}: X and Y types differ ({x.dtype} and {y.dtype})")
+    if k.xp is np:
+        return _blend_where(cond, x, y)
     return k.xp.where(cond, x, y)
 
 

@@ -20,6 +20,7 @@ import numpy as np
 from onnxrt.kernel import Kernel
 
 from ..registry import op
+from .select import where
 
 # comparison modes; LEAF marks leaves
 LEQ, LT, GTE, GT, EQ, NEQ, MEMBER, LEAF = range(8)
@@ -241,7 +242,7 @@ class Forest:
                 break
             nodes = cur[act]
             x = flat[base[act] + self.feature[nodes]]
-            nxt = np.where(self._branch(x, nodes), self.tchild[nodes], self.fchild[nodes])
+            nxt = where(self._branch(x, nodes), self.tchild[nodes], self.fchild[nodes])
             cur[act] = nxt
             act = act[~self.is_leaf[nxt]]
         return cur
