@@ -89,11 +89,15 @@ class Plan:
                 vals[slot] = outer[name]
         # kernels read the cap through onnxrt.limits.check_allocation
         token = _limit.set(self.max_bytes) if _limit.get() != self.max_bytes else None
+        # Floating-point overflow, division by zero and invalid operations give inf
+        # and NaN as the ONNX ops define, never a warning: one numpy error state per
+        # run (it is per thread) spares every elementwise kernel its own.
         try:
-            if ctx is None or (ctx.run_options is None and ctx.profiler is None):
-                self._loop(vals, ctx)
-            else:
-                self._loop_checked(vals, ctx)
+            with np.errstate(all="ignore"):
+                if ctx is None or (ctx.run_options is None and ctx.profiler is None):
+                    self._loop(vals, ctx)
+                else:
+                    self._loop_checked(vals, ctx)
         finally:
             if token is not None:
                 _limit.reset(token)

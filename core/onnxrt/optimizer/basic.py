@@ -257,7 +257,8 @@ def constant_folding(graph, ctx, fold_dequantize: bool | None = None) -> bool:
             continue
         try:
             kernel = ctx.cpu_registry.create(ctx.node_info(n))
-            results = kernel.run(*[consts[i] if i else None for i in n.inputs])
+            with np.errstate(all="ignore"):  # inf and NaN are values here, as at run time
+                results = kernel.run(*[consts[i] if i else None for i in n.inputs])
         except NoKernelError:
             keep.append(n)
             continue
