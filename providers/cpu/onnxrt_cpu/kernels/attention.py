@@ -20,6 +20,7 @@ from onnxrt.kernel import Kernel
 
 from ..parallel import matmul_nd
 from ..registry import op
+from .rows import row_max, row_sum
 
 __all__ = ["Attention", "RotaryEmbedding", "LinearAttention", "CausalConvWithState", "FlexAttention"]
 
@@ -41,11 +42,11 @@ def _softmax_inplace(s: np.ndarray) -> np.ndarray:
 
     A row that is entirely ``-inf`` becomes all zeros.
     """
-    m = s.max(axis=-1, keepdims=True)
+    m = row_max(s)
     m[~np.isfinite(m)] = 0
     s -= m
     np.exp(s, out=s)
-    tot = s.sum(axis=-1, keepdims=True)
+    tot = row_sum(s)
     tot[tot == 0] = 1
     s /= tot
     return s

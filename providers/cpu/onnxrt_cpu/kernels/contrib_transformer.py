@@ -21,7 +21,7 @@ from ..parallel import matmul_nd
 from ..registry import op
 from .activation import _sigmoid
 from .math import erf
-from .rows import row_mean
+from .rows import row_max, row_mean, row_sum
 
 __all__ = [
     "Attention",
@@ -290,9 +290,9 @@ def _take(table, ids, what, name):
 
 
 def _softmax_last(x):
-    x -= x.max(axis=-1, keepdims=True)
+    x -= row_max(x)
     np.exp(x, out=x)
-    x /= x.sum(axis=-1, keepdims=True)
+    x /= row_sum(x)
     return x
 
 

@@ -14,6 +14,7 @@ import numpy as np
 from onnxrt.kernel import Kernel
 
 from ..registry import op
+from .select import _clip as _clip_ufunc
 from .select import clamp
 from .select import where as _blend_where
 
@@ -127,16 +128,20 @@ _ERF32_Q = (-1.45660718464996e-05, -2.13374055278905e-04, -1.68282697438203e-03,
 
 
 def _erf32(x):
-    x = np.clip(x, -4.0, 4.0)  # NaN passes through
+    x = _clip_ufunc(x, x.dtype.type(-4.0), x.dtype.type(4.0))  # NaN passes through
     z = x * x
-    p = np.full_like(z, _ERF32_P[0])
-    for c in _ERF32_P[1:]:
-        p *= z
+    # Horner's rule, each step in place; the first step starts from z * c0 rather
+    # than a filled array (one pass fewer per polynomial)
+    p = z * z.dtype.type(_ERF32_P[0])
+    for c in _ERF32_P[1:-1]:
         p += c
-    q = np.full_like(z, _ERF32_Q[0])
-    for c in _ERF32_Q[1:]:
-        q *= z
+        p *= z
+    p += _ERF32_P[-1]
+    q = z * z.dtype.type(_ERF32_Q[0])
+    for c in _ERF32_Q[1:-1]:
         q += c
+        q *= z
+    q += _ERF32_Q[-1]
     p *= x
     p /= q
     return p
