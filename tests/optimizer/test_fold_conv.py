@@ -122,3 +122,54 @@ def test_conv_with_a_misshapen_bias_is_not_folded_and_fails_as_the_kernel_report
     with pytest.raises(ort.OnnxRtError):
         session(m).run(None, FEEDS)
     assert ops(session(m, disabled=[]))["BatchNormalization"] == 1
+
+
+def bn_then(*after, x_shape=(2, 4, 6, 6), inits=()):
+    """x -> MaxPool(1x1) -> BatchNormalization -> ``after``: a BatchNorm with no Conv
+    before it, as in pre-activation networks."""
+    nodes = [helper.make_node("MaxPool", ["x"], ["p"], kernel_shape=[1] * (len(x_shape) - 2)),
+             helper.make_node("BatchNormalization", ["p", "scale", "beta", "mean", "var"], ["c"], epsilon=1e-3)]
+    nodes += list(after)
+    init = bn_params()
+    init.update(dict(inits))
+    return model(nodes, [vi("x", list(x_shape))], [vi("y", None)], init)
+
+
+def test_bn_scale_layer_folds_into_the_batchnorm():
+    """BatchNorm -> Mul -> Add -> Relu (the Caffe Scale layer): one BatchNorm and the Relu."""
+    m = bn_then(helper.make_node("Mul", ["c", "s"], ["d"]), helper.make_node("Add", ["t", "d"], ["e"]),
+                helper.make_node("Relu", ["e"], ["y"]), inits={"s": f32(4, 1, 1, seed=6), "t": f32(4, 1, 1, seed=7)})
+    feeds = {"x": f32(2, 4, 6, 6, seed=8)}
+    sess = assert_same_outputs(m, feeds, rtol=1e-5, atol=1e-5)
+    assert ops(sess) == {"MaxPool": 1, "BatchNormalization": 1, "Relu": 1}
+    assert ops(session(m, BASIC)) == {"MaxPool": 1, "BatchNormalization": 1, "Relu": 1}
+    assert ops(session(m, disabled=["bn_mul_fusion"]))["Mul"] == 1
+    assert ops(session(m, disabled=["bn_add_fusion"]))["Add"] == 1
+    assert ops(session(m, OFF))["Mul"] == 1
+
+
+@pytest.mark.parametrize("shape", [(4, 1, 1), (1, 4, 1, 1), (1,), ()])
+@pytest.mark.parametrize("op", ["Add", "Mul"])
+def test_bn_per_channel_constants_fold(op, shape):
+    c = f32(*shape, seed=5) if shape else np.float32(1.5)
+    m = bn_then(helper.make_node(op, ["c", "k"], ["y"]), inits={"k": c})
+    sess = assert_same_outputs(m, {"x": f32(2, 4, 6, 6, seed=8)}, atol=1e-5)
+    assert op not in ops(sess)
+
+
+@pytest.mark.parametrize("op,const,x_shape", [
+    ("Mul", (1, 6, 1), (2, 4, 6, 6)),  # varies along H, not channels
+    ("Add", (6, 1), (2, 4, 6, 6)),  # [6, 1] varies along H for a rank-4 input
+    ("Mul", (4, 1, 1), (4, 4, 6)),  # rank 3: [4, 1, 1] is along the batch axis
+])
+def test_bn_constants_that_are_not_per_channel_stay(op, const, x_shape):
+    m = bn_then(helper.make_node(op, ["c", "k"], ["y"]), x_shape=x_shape, inits={"k": f32(*const, seed=5)})
+    sess = assert_same_outputs(m, {"x": f32(*x_shape, seed=8)}, atol=1e-5)
+    assert ops(sess)[op] == 1
+
+
+def test_bn_output_read_elsewhere_is_not_folded():
+    m = bn_then(helper.make_node("Mul", ["c", "k"], ["y"]), inits={"k": f32(4, 1, 1, seed=5)})
+    m.graph.output.append(vi("c", None))
+    sess = assert_same_outputs(m, {"x": f32(2, 4, 6, 6, seed=8)}, atol=1e-5)
+    assert ops(sess)["Mul"] == 1

@@ -13,6 +13,12 @@ to the weights' type.
 - ``conv_mul_fusion``: ``Conv(x, W, b) * s`` likewise -> ``Conv(x, W * s, b * s)``.
 - ``matmul_add_fusion``: ``MatMul(A, B) + C`` with 2-D ``A`` and ``B`` and ``C``
   broadcastable to the product -> ``Gemm(A, B, C)``.
+- ``bn_mul_fusion`` / ``bn_add_fusion``: an inference BatchNormalization followed by a
+  per-channel constant Mul or Add (the Scale layer that Caffe-converted models keep
+  after each BatchNorm, as in the model zoo's DenseNet and Inception v2) ->
+  one BatchNormalization with ``scale * s, beta * s`` or ``beta + c``: two passes
+  over the activations fewer per pair. onnxruntime has no such fusion; it is exact
+  in the same sense as the Conv folds (float64, rounded once).
 """
 
 from __future__ import annotations
@@ -22,7 +28,8 @@ from onnx import TensorProto
 
 from .patterns import GraphView
 
-__all__ = ["conv_add_fusion", "conv_bn_fusion", "conv_mul_fusion", "matmul_add_fusion"]
+__all__ = ["bn_add_fusion", "bn_mul_fusion", "conv_add_fusion", "conv_bn_fusion", "conv_mul_fusion",
+           "matmul_add_fusion"]
 
 _FLOATS = {TensorProto.FLOAT, TensorProto.DOUBLE, TensorProto.FLOAT16}
 
@@ -158,3 +165,56 @@ def matmul_add_fusion(graph, ctx) -> bool:
         gemm.opset = graph.opsets.get("", 1)
         view.replace([mm, add], [gemm])
     return view.finish()
+
+
+def _foldable_bn(view: GraphView, name: str):
+    """The inference BatchNormalization producing ``name``, with its constant
+    ``(scale, beta)`` as float64, and its input's rank; or None."""
+    bn = view.producer(name, "BatchNormalization")
+    if bn is None or len(bn.inputs) != 5 or bn.outputs[0] != name or any(o for o in bn.outputs[1:]):
+        return None
+    if bn.attr("training_mode", 0) or bn.opset < 9:  # older opsets carry spatial/is_test
+        return None
+    rank = view.rank(bn.inputs[0])
+    params = [view.const(i) for i in bn.inputs[1:]]
+    if rank is None or rank < 2 or any(p is None or p.ndim != 1 or p.dtype.kind != "f" for p in params):
+        return None
+    m = params[0].shape[0]
+    if any(p.shape != (m,) for p in params):
+        return None
+    return bn, params, rank
+
+
+def _bn_binary(op_type: str, combine):
+    def fuse(graph, ctx) -> bool:
+        view = GraphView(graph, ctx)
+        for node in list(graph.nodes):
+            if node.op_type != op_type or node.domain != "" or len(node.inputs) != 2 or not view.free(node):
+                continue
+            for side in (0, 1):
+                found = _foldable_bn(view, node.inputs[side])
+                if found is None:
+                    continue
+                bn, params, rank = found
+                scale, beta, mean, var = params
+                c = _per_channel(view, node.inputs[1 - side], scale.shape[0], rank)
+                if c is None or view.const(node.inputs[1 - side]).dtype != scale.dtype:
+                    continue
+                s2, b2 = combine(scale.astype(np.float64), beta.astype(np.float64), c)
+                sn = view.add_constant(bn.inputs[1] + "_folded", s2.astype(scale.dtype))
+                bname = view.add_constant(bn.inputs[2] + "_folded", b2.astype(beta.dtype))
+                new = view.make_node("BatchNormalization", [bn.inputs[0], sn, bname, bn.inputs[3], bn.inputs[4]],
+                                     [node.outputs[0]], bn.name)
+                new.attrs = dict(bn.attrs)
+                new.opset = bn.opset
+                view.replace([bn, node], [new])
+                break
+        return view.finish()
+
+    return fuse
+
+
+bn_mul_fusion = _bn_binary("Mul", lambda scale, beta, s: (scale * s, beta * s))
+bn_mul_fusion.__doc__ = "Fold a constant per-channel Mul into the BatchNormalization before it."
+bn_add_fusion = _bn_binary("Add", lambda scale, beta, c: (scale, beta + c))
+bn_add_fusion.__doc__ = "Fold a constant per-channel Add into the BatchNormalization before it."

@@ -1,7 +1,8 @@
 """The built-in fusions and weight folds, registered by name and level.
 
 Level 1 (basic, before partitioning, provider independent): ``conv_bn_fusion``,
-``conv_add_fusion``, ``conv_mul_fusion``, ``matmul_add_fusion``.
+``conv_add_fusion``, ``conv_mul_fusion``, ``matmul_add_fusion``, ``bn_mul_fusion``,
+``bn_add_fusion``.
 
 Level 2 (extended, after partitioning, only where the owning provider has the fused
 op's kernel): the quantization fusions of ``quant_fusions`` (first, as
@@ -39,6 +40,8 @@ def register(reg) -> None:
     reg.add("conv_add_fusion", fold_conv.conv_add_fusion, basic)
     reg.add("conv_mul_fusion", fold_conv.conv_mul_fusion, basic)
     reg.add("matmul_add_fusion", fold_conv.matmul_add_fusion, basic)
+    reg.add("bn_mul_fusion", fold_conv.bn_mul_fusion, basic)
+    reg.add("bn_add_fusion", fold_conv.bn_add_fusion, basic)
     quant_fusions.register(reg)
     reg.add("gelu_fusion", fuse_transformer.gelu_fusion, extended)
     reg.add("fast_gelu_fusion", fuse_transformer.fast_gelu_fusion, extended)
