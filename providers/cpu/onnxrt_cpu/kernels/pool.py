@@ -82,21 +82,24 @@ def _reduce_taps(xp, kernel, strides, dil, out_sp, ufunc):
     if max(kernel) > _MAX_TAPS:
         v = _window_view(xp, kernel, strides, dil, out_sp)
         return ufunc.reduce(v, axis=tuple(range(v.ndim - nd, v.ndim)))
-    y = xp
+    y, owned = xp, False
     for a in reversed(range(nd)):
         ax = y.ndim - nd + a
         lead = (slice(None),) * ax
         span = strides[a] * (out_sp[a] - 1) + 1
-        r = None
+        r, r_owned = None, False
         for t in range(kernel[a]):
             st = t * dil[a]
             v = y[lead + (slice(st, st + span, strides[a]),)]
             if r is None:
-                r = v.copy()
+                r = v  # a view: the first combination allocates, sparing a copy
+            elif not r_owned:
+                r, r_owned = ufunc(r, v), True
             else:
                 ufunc(r, v, out=r)
-        y = r
-    return y
+        y, owned = r, r_owned or owned
+    # a 1x1 window leaves a view of the padded input
+    return y if owned else y.copy()
 
 
 def _lowest(dt):
