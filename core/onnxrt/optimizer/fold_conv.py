@@ -105,26 +105,36 @@ def conv_bn_fusion(graph, ctx) -> bool:
     return view.finish()
 
 
-def _conv_binary(op_type: str, combine):
+def _binary_fold(op_type: str, fold_side):
+    """A transform that offers every ``op_type`` node with two inputs to
+    ``fold_side(view, node, side)`` for ``side`` 0 then 1, until one folds it."""
+
     def fuse(graph, ctx) -> bool:
         view = GraphView(graph, ctx)
         for node in list(graph.nodes):
             if node.op_type != op_type or node.domain != "" or len(node.inputs) != 2 or not view.free(node):
                 continue
             for side in (0, 1):
-                conv = _foldable_conv(view, node.inputs[side])
-                if conv is None:
-                    continue
-                w, b = _conv_params(view, conv)
-                c = _per_channel(view, node.inputs[1 - side], w.shape[0], w.ndim)
-                if c is None or view.const(node.inputs[1 - side]).dtype != w.dtype:
-                    continue
-                w2, b2 = combine(w.astype(np.float64), b.astype(np.float64), c)
-                view.replace([conv, node], [_rewritten_conv(view, conv, w2, b2, w.dtype, node.outputs[0])])
-                break
+                if fold_side(view, node, side):
+                    break
         return view.finish()
 
     return fuse
+
+
+def _conv_binary(op_type: str, combine):
+    def fold_side(view, node, side) -> bool:
+        conv = _foldable_conv(view, node.inputs[side])
+        if conv is None:
+            return False
+        w, b = _conv_params(view, conv)
+        c = _per_channel(view, node.inputs[1 - side], w.shape[0], w.ndim)
+        if c is None or view.const(node.inputs[1 - side]).dtype != w.dtype:
+            return False
+        w2, b2 = combine(w.astype(np.float64), b.astype(np.float64), c)
+        return view.replace([conv, node], [_rewritten_conv(view, conv, w2, b2, w.dtype, node.outputs[0])])
+
+    return _binary_fold(op_type, fold_side)
 
 
 conv_add_fusion = _conv_binary("Add", lambda w, b, c: (w, b + c))
@@ -186,32 +196,24 @@ def _foldable_bn(view: GraphView, name: str):
 
 
 def _bn_binary(op_type: str, combine):
-    def fuse(graph, ctx) -> bool:
-        view = GraphView(graph, ctx)
-        for node in list(graph.nodes):
-            if node.op_type != op_type or node.domain != "" or len(node.inputs) != 2 or not view.free(node):
-                continue
-            for side in (0, 1):
-                found = _foldable_bn(view, node.inputs[side])
-                if found is None:
-                    continue
-                bn, params, rank = found
-                scale, beta, mean, var = params
-                c = _per_channel(view, node.inputs[1 - side], scale.shape[0], rank)
-                if c is None or view.const(node.inputs[1 - side]).dtype != scale.dtype:
-                    continue
-                s2, b2 = combine(scale.astype(np.float64), beta.astype(np.float64), c)
-                sn = view.add_constant(bn.inputs[1] + "_folded", s2.astype(scale.dtype))
-                bname = view.add_constant(bn.inputs[2] + "_folded", b2.astype(beta.dtype))
-                new = view.make_node("BatchNormalization", [bn.inputs[0], sn, bname, bn.inputs[3], bn.inputs[4]],
-                                     [node.outputs[0]], bn.name)
-                new.attrs = dict(bn.attrs)
-                new.opset = bn.opset
-                view.replace([bn, node], [new])
-                break
-        return view.finish()
+    def fold_side(view, node, side) -> bool:
+        found = _foldable_bn(view, node.inputs[side])
+        if found is None:
+            return False
+        bn, (scale, beta, _, _), rank = found
+        c = _per_channel(view, node.inputs[1 - side], scale.shape[0], rank)
+        if c is None or view.const(node.inputs[1 - side]).dtype != scale.dtype:
+            return False
+        s2, b2 = combine(scale.astype(np.float64), beta.astype(np.float64), c)
+        sn = view.add_constant(bn.inputs[1] + "_folded", s2.astype(scale.dtype))
+        bname = view.add_constant(bn.inputs[2] + "_folded", b2.astype(beta.dtype))
+        new = view.make_node("BatchNormalization", [bn.inputs[0], sn, bname, bn.inputs[3], bn.inputs[4]],
+                             [node.outputs[0]], bn.name)
+        new.attrs = dict(bn.attrs)
+        new.opset = bn.opset
+        return view.replace([bn, node], [new])
 
-    return fuse
+    return _binary_fold(op_type, fold_side)
 
 
 bn_mul_fusion = _bn_binary("Mul", lambda scale, beta, s: (scale * s, beta * s))
