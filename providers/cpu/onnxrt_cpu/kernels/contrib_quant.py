@@ -34,6 +34,7 @@ from .quantize import (
     centred_bound,
     int_matmul_f32,
 )
+from .select import clip
 
 __all__ = [
     "DynamicQuantizeMatMul",
@@ -103,7 +104,7 @@ def requantize(v: np.ndarray, zero_point: int, dtype) -> np.ndarray:
     v = np.rint(v)
     if zero_point:
         v += v.dtype.type(zero_point)
-    np.clip(v, lo, hi, out=v)
+    clip(v, lo, hi, out=v)
     return v.astype(dtype)
 
 
@@ -121,7 +122,7 @@ def _requantize_inplace(v: np.ndarray, zero_point: int, dtype) -> np.ndarray:
     np.rint(v, out=v)
     if zero_point:
         v += v.dtype.type(zero_point)
-    np.clip(v, lo, hi, out=v)
+    clip(v, lo, hi, out=v)
     return v.astype(dtype)
 
 
@@ -592,10 +593,10 @@ def _dynamic_centred(x: np.ndarray):
     hi = max(np.float32(0), np.float32(xf.max()))
     lo = min(np.float32(0), np.float32(xf.min()))
     scale = np.float32((hi - lo) if hi != lo else np.float32(1)) / np.float32(255)
-    zp = np.rint(np.clip(np.float32(0) - lo / scale, 0, 255))
+    zp = np.rint(clip(np.float32(0) - lo / scale, 0, 255))
     v = np.divide(xf, scale, dtype=_F32)
     np.rint(v, out=v)
-    np.clip(v, -zp, np.float32(255) - zp, out=v)
+    clip(v, -zp, np.float32(255) - zp, out=v)
     return v, scale, np.uint8(zp)
 
 

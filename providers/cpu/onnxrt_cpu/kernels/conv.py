@@ -41,6 +41,7 @@ from onnxrt.windows import conv_transpose_geometry
 
 from .. import parallel
 from ..registry import op
+from .select import clip
 
 __all__ = ["conv_pads", "pad_spatial", "tap_slices", "compute_dtype"]
 
@@ -805,7 +806,7 @@ class QLinearConv(_IntConvBase):
         if y_zero_point is not None:
             v += np.float32(np.asarray(y_zero_point).reshape(()))
         info = np.iinfo(out_dt)
-        np.clip(v, info.min, info.max, out=v)
+        clip(v, info.min, info.max, out=v)
         return (v.astype(out_dt),)
 
     @staticmethod
@@ -827,7 +828,7 @@ class QLinearConv(_IntConvBase):
         if y_zero_point is not None:
             v += np.float32(np.asarray(y_zero_point).reshape(()))
         info = np.iinfo(out_dt)
-        np.clip(v, info.min, info.max, out=v)
+        clip(v, info.min, info.max, out=v)
         return np.ascontiguousarray(v.astype(out_dt).reshape(n, oh, ow, m).transpose(0, 3, 1, 2))
 
 

@@ -24,6 +24,7 @@ from onnxrt.kernel import Kernel
 from ..parallel import matmul_nd
 from ..registry import op
 from .cast import SATURATING_F8, cast_array
+from .select import clip
 
 __all__ = ["DequantizeLinear", "MatMulInteger", "QLinearMatMul", "QuantizeLinear", "dynamic_quantize_linear",
            "int_matmul_f32"]
@@ -125,7 +126,7 @@ def quantize(x, scale, zero_point, out_dtype, *, axis=1, block_size=0, saturate=
             np.rint(v, out=v)
             if zp is not None:
                 v += zp.astype(cdt)
-            np.clip(v, lo, hi, out=v)
+            clip(v, lo, hi, out=v)
             if out_dtype.itemsize == 1 and out_dtype.kind in "iu":
                 return v.astype(out_dtype)
             return v.astype(np.int32).astype(out_dtype)
@@ -236,10 +237,10 @@ def dynamic_quantize_linear(k, x):
     hi = max(np.float32(0), np.float32(xf.max()))
     lo = min(np.float32(0), np.float32(xf.min()))
     scale = np.float32((hi - lo) if hi != lo else np.float32(1)) / np.float32(255)
-    zp = np.rint(np.clip(np.float32(0) - lo / scale, 0, 255))
+    zp = np.rint(clip(np.float32(0) - lo / scale, 0, 255))
     y = np.rint(xf / scale)
     y += zp
-    np.clip(y, 0, 255, out=y)
+    clip(y, 0, 255, out=y)
     return y.astype(np.uint8), np.array(scale, dtype=_F32), np.array(zp, dtype=np.uint8)
 
 
@@ -425,7 +426,7 @@ class QLinearMatMul(Kernel):
             if y_zero_point is not None:
                 v += np.asarray(y_zero_point).astype(_F32)
             lo, hi = _BYTE_RANGES[out]
-            np.clip(v, lo, hi, out=v)
+            clip(v, lo, hi, out=v)
             return (v.astype(out),)
         if exact:
             acc = _int_matmul(A, B, *bounds).astype(_F64)
@@ -437,7 +438,7 @@ class QLinearMatMul(Kernel):
             v = np.rint(v)
             if y_zero_point is not None:
                 v += np.asarray(y_zero_point).astype(_F64)
-            np.clip(v, lo, hi, out=v)
+            clip(v, lo, hi, out=v)
             return (v.astype(out),)
         if y_zero_point is not None:
             v = v + np.asarray(y_zero_point).astype(_F64)
