@@ -297,47 +297,45 @@ def _softmax_last(x):
 
 
 def _key_mask(mask, b, s, total, past, filt, name, allow_4d=True):
-    """The additive mask ``[B, 1, S, T]`` (or ``None``) for onnxruntime's mask formats."""
+    """The additive mask for onnxruntime's mask formats, or ``None``: ``[B, 1, 1, T]``
+    for masks over keys only (1-D and 2-D), ``[B, 1, S, T]`` otherwise; it broadcasts
+    over the heads (and the queries) of the scores."""
     if mask is None:
         return None
     m = np.asarray(mask)
-    add = np.zeros((b, 1, s, total), _F32)
+    zero, fill = np.float32(0), np.float32(filt)
     if m.ndim == 1:
         cols = np.arange(total)
         if m.shape[0] == b:  # right padding: valid length per batch
-            add[:] = np.where(cols[None, :] >= m[:, None], filt, 0).reshape(
-                b, 1, 1, total
-            )
+            bad = cols[None, :] >= m[:, None]
         elif m.shape[0] == 2 * b:  # exclusive ends, then inclusive starts
             end, start = m[:b], m[b:]
             bad = (cols[None, :] >= end[:, None]) | (cols[None, :] < start[:, None])
-            add[:] = np.where(bad, filt, 0).reshape(b, 1, 1, total)
         else:
             raise ValueError(
                 f"{name}: a 1-D mask must have {b} or {2 * b} entries, got {m.shape[0]}"
             )
-    elif m.ndim == 2:
+        return np.where(bad, fill, zero).reshape(b, 1, 1, total)
+    if m.ndim == 2:
         if m.shape != (b, total):
             raise ValueError(
                 f"{name}: a 2-D mask must have shape ({b}, {total}), got {m.shape}"
             )
-        add[:] = np.where(m == 0, filt, 0).reshape(b, 1, 1, total)
-    elif m.ndim == 3:
+        return np.where(m == 0, fill, zero).reshape(b, 1, 1, total)
+    if m.ndim == 3:
         if m.shape != (b, s, total):
             raise ValueError(
                 f"{name}: a 3-D mask must have shape ({b}, {s}, {total}), got {m.shape}"
             )
-        add[:] = np.where(m == 0, filt, 0).reshape(b, 1, s, total)
-    elif m.ndim == 4 and allow_4d:
+        return np.where(m == 0, fill, zero).reshape(b, 1, s, total)
+    if m.ndim == 4 and allow_4d:
         if m.shape[0] != b or m.shape[2] < past + s or m.shape[3] < total:
             raise ValueError(
                 f"{name}: a 4-D mask of shape {m.shape} does not cover {s} queries and {total} keys"
             )
         sub = m[:, :, past : past + s, :total]
-        add[:] = np.where(sub == 0, filt, 0)
-    else:
-        raise ValueError(f"{name}: mask of rank {m.ndim} is not supported")
-    return add
+        return np.where(sub == 0, fill, zero)
+    raise ValueError(f"{name}: mask of rank {m.ndim} is not supported")
 
 
 def _sdpa(q, k, v, scale, add_mask, attention_bias, causal, past, filt, name):
