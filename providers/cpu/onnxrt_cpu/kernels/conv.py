@@ -432,9 +432,11 @@ def _phases(x, kernel, strides, dilations, pb, pe, out_sp, pad_value):
     q = [max(-(-(in_sp[a] + pb[a] + pe[a]) // strides[a]), out_sp[a] + reach[a]) for a in range(nd)]
     q[0] += 1
     phases = list(itertools.product(*[range(s_) for s_ in strides]))
-    # Only the margins around each phase's copy of the input are padding: filling
-    # just those saves a pass over the whole buffer.
-    qa = np.empty((n, c, len(phases), *q), dtype=x.dtype)
+    # The buffer starts as padding everywhere and each phase's copy of the input goes
+    # into its interior: one contiguous fill is cheaper than filling the margins,
+    # whose left and right columns are one strided element per row.
+    qa = (np.zeros if pad_value == 0 else np.full)((n, c, len(phases), *q), *(() if pad_value == 0 else (pad_value,)),
+                                                   dtype=x.dtype)
     for k, ph in enumerate(phases):
         dst, src = [], []
         for a in range(nd):
@@ -446,11 +448,6 @@ def _phases(x, kernel, strides, dilations, pb, pe, out_sp, pad_value):
             dst.append(slice(i0, i0 + cnt))
             src.append(slice(o0, o0 + s_ * (cnt - 1) + 1 if cnt else o0, s_))
         lead = (slice(None), slice(None), k)
-        for a in range(nd):
-            before = tuple(slice(None) if b != a else slice(0, dst[a].start) for b in range(nd))
-            after = tuple(slice(None) if b != a else slice(dst[a].stop, None) for b in range(nd))
-            qa[lead + before] = pad_value
-            qa[lead + after] = pad_value
         if all(d_.stop > d_.start for d_ in dst):
             qa[lead + tuple(dst)] = x[(slice(None), slice(None)) + tuple(src)]
     pitch = [int(np.prod(q[a + 1 :], dtype=np.int64)) for a in range(nd)]
