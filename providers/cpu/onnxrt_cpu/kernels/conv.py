@@ -477,7 +477,7 @@ def _depthwise(x, wp, strides, dilations, pb, pe, out_sp, y, pad_value):
     qf, q, pitch, tap_src = _phases(x, wp.kernel, strides, dilations, pb, pe, out_sp, pad_value)
     span = out_sp[0] * pitch[0]
     crop = (slice(None), slice(None)) + tuple(slice(0, o) for o in out_sp[1:])
-    cb = max(1, min(c, (1 << 18) // max(1, taps * span)))
+    cb = max(1, min(c, (1 << 19) // max(1, taps * span)))
     jobs = [(i, c0) for i in range(n) for c0 in range(0, c, cb)]
     w3 = w.reshape(c, 1, taps)
 
