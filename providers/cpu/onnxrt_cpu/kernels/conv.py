@@ -315,6 +315,11 @@ def _conv_forward(x, wp: _ConvWeights, strides, dilations, pb, pe, out_sp, bias=
     band = max(1, _BAND_ELEMS // max(1, K * inner), -(-_BAND_MIN_COLS // inner))
     if band < rows and threads > 1 and flops >= parallel.PARALLEL_MIN_FLOPS:
         band = min(band, -(-rows // threads))
+        # as many bands as a multiple of the threads, of equal height: 56 rows in
+        # bands of 16 left one thread a half band idle at the end
+        count = -(-rows // band)
+        count = -(-count // threads) * threads
+        band = -(-rows // count)
     band = min(rows, band)
     s0 = strides[0]
 
