@@ -89,8 +89,15 @@ def clamp(x: np.ndarray, lo, hi, out: np.ndarray | None = None) -> np.ndarray:
     return _clip(x, t(lo), t(hi), out=out)
 
 
+#: (0, inf) per float type, made once
+_RELU_BOUNDS = {np.dtype(t): (t(0), t(np.inf)) for t in (np.float16, np.float32, np.float64)}
+# below this many elements the clip ufunc's extra operand costs more than it saves
+_CLIP_MIN = 1024
+
+
 def relu(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-    """``max(x, 0)``; through ``np.clip`` for floats."""
-    if x.dtype.kind == "f":
-        return _clip(x, x.dtype.type(0), x.dtype.type(np.inf), out=out)
+    """``max(x, 0)``; through the clip ufunc for float arrays that are not tiny."""
+    b = _RELU_BOUNDS.get(x.dtype)
+    if b is not None and x.size >= _CLIP_MIN:
+        return _clip(x, b[0], b[1], out=out)
     return np.maximum(x, x.dtype.type(0), out=out)
