@@ -499,6 +499,50 @@ def test_qlinear_binary(op_type, dt):
 
 
 @pytest.mark.parametrize("dt", [np.uint8, np.int8])
+@pytest.mark.parametrize("op_type", ["QLinearAdd", "QLinearMul"])
+@pytest.mark.parametrize(
+    "a_shape,b_shape", [((4, 33), (4, 33)), ((2, 3, 8), (3, 1)), ((5,), (2, 5)), ((), (7,)), ((3, 4), ())]
+)
+@pytest.mark.parametrize("zero_points", [True, False])
+def test_qlinear_binary_table_equals_direct_computation(op_type, dt, a_shape, b_shape, zero_points):
+    """With constant scales QLinearAdd/QLinearMul look the result up in a 65,536-entry
+    table; with scales fed at run time they compute it. Both give the same bits, for
+    every pair of codes, broadcasting and absent zero points included."""
+    sa, za = _qparams(dt, 0.05)
+    sb, zb = _qparams(dt, 0.021)
+    sc, zc = _qparams(dt, 0.07 if op_type == "QLinearAdd" else 0.013)
+    if not zero_points:
+        za = zb = zc = None
+    params = {"sa": sa, "za": za, "sb": sb, "zb": zb, "sc": sc, "zc": zc}
+    a, b = q8(dt, *a_shape), q8(dt, *b_shape)
+    names = ["a", "sa", "za", "b", "sb", "zb", "sc", "zc"]
+    node = helper.make_node(op_type, [n if n in ("a", "b") or params[n] is not None else "" for n in names],
+                            ["y"], domain=MS)
+    consts = {k: v for k, v in params.items() if v is not None}
+    fixed = _model(node, {"a": a, "b": b}, [dt], consts)
+    fed = _model(node, {"a": a, "b": b, **consts}, [dt])
+    s_fixed = onnxrt.InferenceSession(fixed.SerializeToString(), providers=["CPUExecutionProvider"])
+    s_fed = onnxrt.InferenceSession(fed.SerializeToString(), providers=["CPUExecutionProvider"])
+    # the constant-scale kernel built its table; the fed one could not
+    assert s_fixed._built.plan.steps[0].fn.__self__.table is not None
+    assert s_fed._built.plan.steps[0].fn.__self__.table is None
+    (got,) = s_fixed.run(None, {"a": a, "b": b})
+    (want,) = s_fed.run(None, {"a": a, "b": b, **consts})
+    assert got.dtype == want.dtype == np.dtype(dt) and got.shape == want.shape
+    np.testing.assert_array_equal(got, want)
+    # every pair of codes at once
+    every_a = np.arange(256, dtype=np.uint8).view(dt).reshape(256, 1)
+    every_b = np.arange(256, dtype=np.uint8).view(dt).reshape(1, 256)
+    fixed2 = _model(node, {"a": every_a, "b": every_b}, [dt], consts)
+    fed2 = _model(node, {"a": every_a, "b": every_b, **consts}, [dt])
+    got2 = onnxrt.InferenceSession(fixed2.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        None, {"a": every_a, "b": every_b})[0]
+    want2 = onnxrt.InferenceSession(fed2.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        None, {"a": every_a, "b": every_b, **consts})[0]
+    np.testing.assert_array_equal(got2, want2)
+
+
+@pytest.mark.parametrize("dt", [np.uint8, np.int8])
 @pytest.mark.parametrize(
     "op_type,attrs", [("QLinearSigmoid", {}), ("QLinearLeakyRelu", {"alpha": 0.15})]
 )
