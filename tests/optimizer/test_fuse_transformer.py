@@ -52,6 +52,48 @@ def test_gelu_whose_inner_value_is_a_graph_output_is_not_fused():
     assert ops(assert_same_outputs(m, FEEDS))["Erf"] == 1
 
 
+@pytest.mark.parametrize("mul_order", ["x_sig", "sig_x"])
+@pytest.mark.parametrize("alpha", [None, 1.702, 0.8])
+def test_x_times_sigmoid_becomes_quick_gelu(alpha, mul_order, tmp_path):
+    """SiLU (x * sigmoid(x)) and x * sigmoid(alpha * x) -> QuickGelu, which onnxruntime
+    also runs: the optimized model loads there and gives the same values."""
+    nodes, inits = [], {}
+    inner = "x"
+    if alpha is not None:
+        nodes.append(N("Mul", ["a", "x"], ["s"]))
+        inits["a"] = np.float32(alpha)
+        inner = "s"
+    nodes.append(N("Sigmoid", [inner], ["g"]))
+    nodes.append(N("Mul", ["x", "g"] if mul_order == "x_sig" else ["g", "x"], ["y"]))
+    m = model(nodes, X, [vi("y", None)], inits)
+    sess = assert_same_outputs(m, FEEDS)
+    assert ops(sess) == {"com.microsoft:QuickGelu": 1}
+    assert ops(session(m, disabled=["quick_gelu_fusion"]))["Sigmoid"] == 1
+    rt = pytest.importorskip("onnxruntime")
+    saved = tmp_path / "quick.onnx"
+    session(m, save=saved)
+    assert {n.op_type for n in onnx.load(str(saved)).graph.node} == {"QuickGelu"}
+    want = rt.InferenceSession(str(saved), providers=["CPUExecutionProvider"]).run(None, FEEDS)[0]
+    np.testing.assert_allclose(sess.run(None, FEEDS)[0], want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("case", ["sigmoid_read_twice", "other_operand", "non_scalar_alpha"])
+def test_sigmoid_products_that_are_not_quick_gelu_stay(case):
+    inits = {}
+    if case == "sigmoid_read_twice":
+        nodes = [N("Sigmoid", ["x"], ["g"]), N("Mul", ["x", "g"], ["y"])]
+        outs = [vi("y", None), vi("g", None)]
+    elif case == "other_operand":
+        nodes = [N("Sigmoid", ["x"], ["g"]), N("Neg", ["x"], ["n"]), N("Mul", ["n", "g"], ["y"])]
+        outs = [vi("y", None)]
+    else:
+        nodes = [N("Mul", ["a", "x"], ["s"]), N("Sigmoid", ["s"], ["g"]), N("Mul", ["x", "g"], ["y"])]
+        inits["a"] = f32(16, seed=4)
+        outs = [vi("y", None)]
+    sess = assert_same_outputs(model(nodes, X, outs, inits), FEEDS)
+    assert ops(sess)["Sigmoid"] == 1
+
+
 def test_bias_then_gelu_becomes_bias_gelu():
     nodes, inits = gelu_nodes("x_first")
     nodes = [N("Add", ["bias", "a"], ["x"])] + nodes

@@ -37,7 +37,8 @@ EXPECTED = {
                                           "com.microsoft:Attention": 2}),
     "bert_tiny": (256, 136, 39, {"com.microsoft:BiasGelu": 2, "com.microsoft:SkipLayerNormalization": 5,
                                  "com.microsoft:FusedGemm": 1, "com.microsoft:MultiHeadAttention": 2}),
-    "yolo_small": (270, 181, 107, {}),
+    # 19 Conv -> Sigmoid -> Mul (SiLU) activations become QuickGelu
+    "yolo_small": (270, 162, 88, {"com.microsoft:QuickGelu": 19}),
 }
 
 

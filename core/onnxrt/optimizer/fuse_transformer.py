@@ -37,6 +37,7 @@ __all__ = [
     "layer_norm_fusion",
     "other_input",
     "scaled_by",
+    "quick_gelu_fusion",
     "simplified_layer_norm_fusion",
     "skip_layer_norm_fusion",
 ]
@@ -160,6 +161,37 @@ def fast_gelu_fusion(graph, ctx) -> bool:
         nodes, out = tail
         fast = view.make_node("FastGelu", [x], [out], tanh.name + "_fastgelu", domain=MS_DOMAIN)
         view.replace(front + [add, scale, tanh, one] + nodes, [fast])
+    return view.finish()
+
+
+def quick_gelu_fusion(graph, ctx) -> bool:
+    """``x * Sigmoid(alpha * x)`` (with ``alpha = 1``: SiLU, or Swish) -> com.microsoft
+    QuickGelu, as onnxruntime's QuickGeluFusion does: one node instead of two or three."""
+    view = GraphView(graph, ctx)
+    for sig in list(graph.nodes):
+        if sig.op_type != "Sigmoid" or sig.domain != "" or not view.free(sig):
+            continue
+        mul = view.only_reader(sig.outputs[0], "Mul")
+        if mul is None:
+            continue
+        other = other_input(mul, sig.outputs[0])
+        inner = sig.inputs[0]
+        scale = view.producer(inner, "Mul")
+        found = None
+        if scale is not None and len(scale.inputs) == 2:
+            for x, c in (scale.inputs, scale.inputs[::-1]):
+                alpha = view.scalar(c)
+                if alpha is not None and view.const(x) is None and other == x:
+                    found = x, alpha, [scale]
+                    break
+        if found is None and other == inner:
+            found = inner, 1.0, []
+        if found is None or not _float_input(view, found[0]):
+            continue
+        x, alpha, front = found
+        quick = view.make_node("QuickGelu", [x], [mul.outputs[0]], sig.name + "_quickgelu", domain=MS_DOMAIN,
+                               alpha=float(alpha))
+        view.replace(front + [sig, mul], [quick])
     return view.finish()
 
 

@@ -6,7 +6,7 @@ Level 1 (basic, before partitioning, provider independent): ``conv_bn_fusion``,
 
 Level 2 (extended, after partitioning, only where the owning provider has the fused
 op's kernel): the quantization fusions of ``quant_fusions`` (first, as
-onnxruntime runs its QDQ transformers first), ``gelu_fusion``, ``fast_gelu_fusion``, ``bias_gelu_fusion``,
+onnxruntime runs its QDQ transformers first), ``gelu_fusion``, ``fast_gelu_fusion``, ``quick_gelu_fusion``, ``bias_gelu_fusion``,
 ``layer_norm_fusion``, ``simplified_layer_norm_fusion``, ``skip_layer_norm_fusion``,
 ``attention_fusion``, ``conv_activation_fusion``, ``gemm_activation_fusion``,
 ``transpose_cancellation``, ``transpose_matmul_fusion``, ``matmul_scale_fusion``, and
@@ -45,6 +45,7 @@ def register(reg) -> None:
     quant_fusions.register(reg)
     reg.add("gelu_fusion", fuse_transformer.gelu_fusion, extended)
     reg.add("fast_gelu_fusion", fuse_transformer.fast_gelu_fusion, extended)
+    reg.add("quick_gelu_fusion", fuse_transformer.quick_gelu_fusion, extended)
     reg.add("bias_gelu_fusion", fuse_transformer.bias_gelu_fusion, extended)
     reg.add("layer_norm_fusion", fuse_transformer.layer_norm_fusion, extended)
     reg.add("simplified_layer_norm_fusion", fuse_transformer.simplified_layer_norm_fusion, extended)

@@ -99,7 +99,9 @@ def quick_gelu(k, x, *, alpha=1.702):
     """``x * sigmoid(alpha * x)``."""
     v = _work(x)
     with np.errstate(over="ignore"):
-        y = v * _sigmoid(np, v * v.dtype.type(alpha))
+        # alpha = 1 is SiLU (Swish), the common case: no scaling pass
+        y = _sigmoid(np, v if alpha == 1.0 else v * v.dtype.type(alpha))
+        y *= v
     return _back(y, x.dtype)
 
 
