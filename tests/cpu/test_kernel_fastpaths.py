@@ -49,8 +49,8 @@ def _conv_model(x_shape, w_shape, bias=True, **attrs):
     )
 
 
-# (name, input shape, weight shape, attributes); sizes chosen so that the 2-thread
-# runs take the parallel branches (more than parallel.PARALLEL_MIN_FLOPS multiply-adds)
+# (name, input shape, weight shape, attributes). The 2-thread runs lower
+# parallel.PARALLEL_MIN_FLOPS so that every case takes the parallel branches.
 CONVS = [
     ("1x1", (1, 64, 40, 40), (96, 64, 1, 1), {}),
     ("1x1-batch", (3, 32, 20, 20), (48, 32, 1, 1), {}),
@@ -79,7 +79,9 @@ CONVS = [
 
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("name,x_shape,w_shape,attrs", CONVS, ids=[c[0] for c in CONVS])
-def test_conv_paths_match_onnxruntime(name, x_shape, w_shape, attrs, threads):
+def test_conv_paths_match_onnxruntime(name, x_shape, w_shape, attrs, threads, monkeypatch):
+    if threads > 1:
+        monkeypatch.setattr(parallel, "PARALLEL_MIN_FLOPS", 1 << 14)
     model = _conv_model(x_shape, w_shape, **attrs).SerializeToString()
     so = ort.SessionOptions()
     so.intra_op_num_threads = threads
@@ -95,21 +97,36 @@ def test_conv_paths_match_onnxruntime(name, x_shape, w_shape, attrs, threads):
     np.testing.assert_allclose(sess.run(None, {"x": x2})[0], ref.run(None, {"x": x2})[0], rtol=1e-4, atol=1e-4)
 
 
+FUSED = [
+    # a batch of small images: channels-last product, transposed back, then finished
+    ("batch-3x3", (6, 16, 12, 12), 3),
+    # one image, 1x1: the split product applies bias, residual and Relu part by part
+    ("1x1-split-rows", (1, 64, 4, 4), 1),
+    ("1x1-split-cols", (1, 16, 40, 40), 1),
+    # one image in one band: the split product again
+    ("3x3-one-band", (1, 64, 7, 7), 3),
+]
+
+
 @pytest.mark.parametrize("threads", [1, 2])
-def test_fused_conv_on_a_batch_matches_onnxruntime(threads):
-    """Conv + residual Add + Relu fused (ORT_ENABLE_ALL) on a batch of small images:
-    the bias, the residual and the activation are applied after the channels-last
-    product is transposed back."""
+@pytest.mark.parametrize("name,x_shape,k", FUSED, ids=[f[0] for f in FUSED])
+def test_fused_conv_matches_onnxruntime(name, x_shape, k, threads, monkeypatch):
+    """Conv + residual Add + Relu fused (ORT_ENABLE_ALL): bias, residual and activation
+    are applied after the product on every path, by the thread that made each part."""
+    if threads > 1:
+        monkeypatch.setattr(parallel, "PARALLEL_MIN_FLOPS", 1 << 12)
     rng = np.random.default_rng(0)
-    w = (rng.standard_normal((16, 16, 3, 3)) / 12).astype(np.float32)
-    b = rng.standard_normal(16).astype(np.float32)
+    c = x_shape[1]
+    w = (rng.standard_normal((c, c, k, k)) / (3 * k)).astype(np.float32)
+    b = rng.standard_normal(c).astype(np.float32)
+    p = k // 2
     model = make_model(
         [
-            helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
+            helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[p, p, p, p]),
             helper.make_node("Add", ["c", "x"], ["s"]),
             helper.make_node("Relu", ["s"], ["y"]),
         ],
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [6, 16, 12, 12])],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x_shape))],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
         [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")],
     ).SerializeToString()
@@ -117,7 +134,7 @@ def test_fused_conv_on_a_batch_matches_onnxruntime(threads):
     so.intra_op_num_threads = threads
     sess = ort.InferenceSession(model, so, providers=["CPUExecutionProvider"])
     assert any(r["op_type"] == "FusedConv" for r in sess.get_provider_assignment())
-    x = rng.standard_normal((6, 16, 12, 12)).astype(np.float32)
+    x = rng.standard_normal(x_shape).astype(np.float32)
     want, = rt.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, {"x": x})
     np.testing.assert_allclose(sess.run(None, {"x": x})[0], want, rtol=1e-4, atol=1e-4)
 

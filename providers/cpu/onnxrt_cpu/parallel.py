@@ -83,9 +83,12 @@ class _Pool:
                 self.workers.append(t)
 
     def _loop(self):
-        while True:
-            job = self.queue.get()
-            job.work()
+        # numpy's error state is per thread: chunks run as quietly here as the run
+        # loop makes them on the calling thread (inf and NaN are values, not warnings)
+        with np.errstate(all="ignore"):
+            while True:
+                job = self.queue.get()
+                job.work()
 
 
 _pool = _Pool()
@@ -127,29 +130,44 @@ def _bounds(total: int, parts: int, align: int = 1) -> list[int]:
     return list(range(0, total, step)) + [total]
 
 
-def matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-    """``a @ b`` for 2-D ``a`` ``[M, K]`` and ``b`` ``[K, N]``, split over the kernel threads."""
+def matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None, epilogue=None) -> np.ndarray:
+    """``a @ b`` for 2-D ``a`` ``[M, K]`` and ``b`` ``[K, N]``, split over the kernel threads.
+
+    ``epilogue(part, rows, cols)``, if given, is called on each part of ``out`` (with
+    the row and column slices it covers) right after that part is computed, on the
+    thread that computed it: a bias or an activation then runs in parallel and while
+    the part is still in cache.
+    """
     m, k = a.shape
     n_ = b.shape[1]
     if out is None:
         out = np.empty((m, n_), dtype=np.result_type(a, b))
     threads = current_thread_count()
     work = m * k * n_
+    everything = slice(None)
     if threads <= 1 or work < PARALLEL_MIN_FLOPS:
         np.matmul(a, b, out=out)
+        if epilogue is not None:
+            epilogue(out, everything, everything)
         return out
     parts = min(2 * threads, max(threads, work // PARALLEL_MIN_FLOPS))
     if m >= n_:
         cuts = _bounds(m, parts, 8)
 
         def part(i):
-            np.matmul(a[cuts[i] : cuts[i + 1]], b, out=out[cuts[i] : cuts[i + 1]])
+            rows = slice(cuts[i], cuts[i + 1])
+            np.matmul(a[rows], b, out=out[rows])
+            if epilogue is not None:
+                epilogue(out[rows], rows, everything)
 
     else:
         cuts = _bounds(n_, parts, 16)
 
         def part(i):
-            np.matmul(a, b[:, cuts[i] : cuts[i + 1]], out=out[:, cuts[i] : cuts[i + 1]])
+            cols = slice(cuts[i], cuts[i + 1])
+            np.matmul(a, b[:, cols], out=out[:, cols])
+            if epilogue is not None:
+                epilogue(out[:, cols], everything, cols)
 
     parallel_for(len(cuts) - 1, part, threads)
     return out

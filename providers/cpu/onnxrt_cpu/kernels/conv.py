@@ -273,11 +273,27 @@ def _conv_forward(x, wp: _ConvWeights, strides, dilations, pb, pe, out_sp, bias=
         if activation is not None:
             activation(out)
 
+    def epilogue_for(i, gi):
+        """``finish`` for one part of a split product (a block of its rows or columns)."""
+        if bcol is None and zv is None and activation is None:
+            return None
+        base = gi * mg
+
+        def epilogue(part, rows, cols):
+            r0, r1, _ = rows.indices(mg)
+            if bcol is not None:
+                part += bcol[base + r0 : base + r1]
+            if zv is not None:
+                part += zv[i, base + r0 : base + r1, cols]
+            if activation is not None:
+                activation(part)
+
+        return epilogue
+
     if unit:
         xv = x.reshape(n, c, L)
         if n * g == 1:
-            parallel.matmul(wp.gemm[0], xv[0], out=yv[0])
-            finish(yv[0], 0, 0)
+            parallel.matmul(wp.gemm[0], xv[0], out=yv[0], epilogue=epilogue_for(0, 0))
             return y
         jobs = [(i, gi) for i in range(n) for gi in range(g)]
 
@@ -344,8 +360,7 @@ def _conv_forward(x, wp: _ConvWeights, strides, dilations, pb, pe, out_sp, bias=
             for gi in range(g):
                 gather(i, gi, 0, rows, cols)
                 out = yv[i, gi * mg : (gi + 1) * mg]
-                parallel.matmul(wp.gemm[gi], cols.reshape(K, L), out=out)
-                finish(out, i, gi)
+                parallel.matmul(wp.gemm[gi], cols.reshape(K, L), out=out, epilogue=epilogue_for(i, gi))
         return y
 
     jobs = [(i, gi, r0) for i in range(n) for gi in range(g) for r0 in range(0, rows, band)]
