@@ -368,3 +368,46 @@ def test_relu_and_clamp_match_numpy_including_nan():
     np.testing.assert_array_equal(clamp(x[3:], 2, 1), np.full(x.size - 3, 1, np.float32))
     out = x.copy()
     assert relu(out, out=out) is out
+
+
+# -- pooling without a padded copy ---------------------------------------------------------
+
+def _pool_cases():
+    rng = np.random.default_rng(7)
+    cases = []
+    for i in range(40):
+        nd = 1 + i % 3
+        k = [int(v) for v in rng.integers(1, 5, nd)]
+        s = [int(v) for v in rng.integers(1, 4, nd)]
+        d = [int(v) for v in rng.integers(1, 3, nd)] if i % 4 == 0 else [1] * nd
+        pads = [int(rng.integers(0, k[j] // 2 + 1)) for j in range(nd)] + [
+            int(rng.integers(0, k[j] // 2 + 1)) for j in range(nd)]
+        sp = [int(v) for v in rng.integers(max(k) * max(d), max(k) * max(d) + 9, nd)]
+        cases.append((f"case{i}", [2, 3] + sp, dict(kernel_shape=k, strides=s, pads=pads, ceil_mode=i % 2,
+                                                     **({"dilations": d} if d != [1] * nd else {}))))
+    return cases
+
+
+POOLS = _pool_cases()
+
+
+@pytest.mark.parametrize("op_type", ["MaxPool", "AveragePool", "AveragePool-include-pad"])
+@pytest.mark.parametrize("name,shape,attrs", POOLS, ids=[c[0] for c in POOLS])
+def test_pooling_borders_match_onnxruntime(op_type, name, shape, attrs):
+    """Pooling applies each window tap only where it lies inside the input, instead of
+    padding a copy; random kernels, strides, dilations, pads and ceil modes."""
+    attrs = dict(attrs)
+    if op_type == "AveragePool-include-pad":
+        op_type, attrs["count_include_pad"] = "AveragePool", 1
+    if op_type == "AveragePool" and "dilations" in attrs:
+        attrs.pop("dilations")  # onnxruntime's AveragePool has no dilations before opset 19
+    model = make_model(
+        [helper.make_node(op_type, ["x"], ["y"], **attrs)],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+    ).SerializeToString()
+    x = np.random.default_rng(3).standard_normal(shape).astype(np.float32)
+    want, = rt.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    got, = ort.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    assert got.shape == want.shape
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)

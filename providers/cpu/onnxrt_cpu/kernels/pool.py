@@ -72,33 +72,55 @@ class _PoolBase(Kernel):
         return kernel, strides, dil, pb, pe, extra, out_sp
 
 
-def _reduce_taps(xp, kernel, strides, dil, out_sp, ufunc):
-    """``ufunc``-reduce the taps of every window of the padded input.
+def _reduce_taps(x, kernel, strides, dil, pb, out_sp, ufunc, fill):
+    """``ufunc``-reduce the taps of every window of ``x`` padded by ``pb`` before each
+    spatial axis with ``fill`` (and as far as the windows reach after it).
 
-    A box window is separable, so it is reduced one spatial axis at a time
-    (last axis first): ``sum(k - 1)`` passes instead of ``prod(k) - 1``.
+    A box window is separable, so it is reduced one spatial axis at a time, first
+    axis first: ``sum(k - 1)`` passes instead of ``prod(k) - 1``, and the strided
+    last axis is reduced once the array has already shrunk along the others. No
+    padded copy is made: a tap that falls in the padding for some outputs is applied
+    only to the outputs where it is inside ``x`` (the padding is ``fill``, the
+    reduction's identity: -inf or the lowest integer for max, 0 for a sum).
     """
     nd = len(kernel)
     if max(kernel) > _MAX_TAPS:
+        pe = [max(0, (out_sp[i] - 1) * strides[i] + (kernel[i] - 1) * dil[i] + 1 - pb[i] - x.shape[x.ndim - nd + i])
+              for i in range(nd)]
+        xp = pad_spatial(x, pb, pe, fill)
         v = _window_view(xp, kernel, strides, dil, out_sp)
         return ufunc.reduce(v, axis=tuple(range(v.ndim - nd, v.ndim)))
-    y, owned = xp, False
-    for a in reversed(range(nd)):
+    y, owned = x, False
+    for a in range(nd):
         ax = y.ndim - nd + a
         lead = (slice(None),) * ax
-        span = strides[a] * (out_sp[a] - 1) + 1
-        r, r_owned = None, False
+        n, s_, o = y.shape[ax], strides[a], out_sp[a]
+        taps = []
         for t in range(kernel[a]):
-            st = t * dil[a]
-            v = y[lead + (slice(st, st + span, strides[a]),)]
-            if r is None:
-                r = v  # a view: the first combination allocates, sparing a copy
-            elif not r_owned:
-                r, r_owned = ufunc(r, v), True
-            else:
-                ufunc(r, v, out=r)
+            off = t * dil[a] - pb[a]
+            lo = max(0, -(off // s_))  # first output whose input index is >= 0
+            hi = min(o, (n - 1 - off) // s_ + 1) if n - 1 - off >= 0 else 0
+            if hi > lo:
+                src = slice(lo * s_ + off, (hi - 1) * s_ + off + 1, s_)
+                taps.append((lo, hi, y[lead + (src,)]))
+        full = [v for lo, hi, v in taps if lo == 0 and hi == o]
+        if full:
+            r, r_owned = full[0], False  # a view: the first combination allocates
+        else:
+            shape = y.shape[:ax] + (o,) + y.shape[ax + 1 :]
+            r, r_owned = np.full(shape, fill, dtype=y.dtype), True
+        for lo, hi, v in taps:
+            if full and v is full[0]:
+                continue
+            if not r_owned:
+                if lo == 0 and hi == o:
+                    r, r_owned = ufunc(r, v), True
+                    continue
+                r, r_owned = r.copy(), True
+            dst = r[lead + (slice(lo, hi),)]
+            ufunc(dst, v, out=dst)
         y, owned = r, r_owned or owned
-    # a 1x1 window leaves a view of the padded input
+    # a 1x1 window over no padding leaves a view of the input
     return y if owned else y.copy()
 
 
@@ -124,10 +146,10 @@ class MaxPool(_PoolBase):
         dt = x.dtype
         xc = x if dt.kind in "iu" or dt in (np.float32, np.float64) else x.astype(np.float32)
         low = _lowest(xc.dtype)
-        xp = pad_spatial(xc, pb, [e + x_ for e, x_ in zip(pe, extra)], low)
         if not self.want_indices:
-            y = _reduce_taps(xp, kernel, strides, dil, out_sp, np.maximum)
+            y = _reduce_taps(xc, kernel, strides, dil, pb, out_sp, np.maximum, low)
             return (y.astype(dt, copy=False),)
+        xp = pad_spatial(xc, pb, [e + x_ for e, x_ in zip(pe, extra)], low)
         y = None
         ntaps = int(np.prod(kernel))
         best = np.zeros((*x.shape[:2], *out_sp), dtype=np.int8 if ntaps <= 127 else np.int32)
@@ -176,8 +198,7 @@ class AveragePool(_PoolBase):
     def run(self, x):
         kernel, strides, dil, pb, pe, extra, out_sp = self._geom(x)
         cdt = compute_dtype(x.dtype)
-        xp = pad_spatial(x.astype(cdt, copy=False), pb, [e + x_ for e, x_ in zip(pe, extra)], 0)
-        y = _reduce_taps(xp, kernel, strides, dil, out_sp, np.add)
+        y = _reduce_taps(x.astype(cdt, copy=False), kernel, strides, dil, pb, out_sp, np.add, 0)
         nd = len(kernel)
         if self.include_pad:
             counts = _axis_counts(x.shape[2:], kernel, strides, dil, pb, pb, pe, out_sp)
@@ -198,8 +219,7 @@ class LpPool(_PoolBase):
         cdt = compute_dtype(x.dtype)
         xa = np.abs(x.astype(cdt, copy=False))
         xa = xa * xa if p == 2 else np.power(xa, cdt.type(p))
-        xp = pad_spatial(xa, pb, [e + x_ for e, x_ in zip(pe, extra)], 0)
-        y = _reduce_taps(xp, kernel, strides, dil, out_sp, np.add)
+        y = _reduce_taps(xa, kernel, strides, dil, pb, out_sp, np.add, 0)
         y = np.sqrt(y) if p == 2 else np.power(y, cdt.type(1.0 / p))
         return (y.astype(x.dtype, copy=False),)
 
