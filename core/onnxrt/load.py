@@ -37,17 +37,19 @@ MAX_OPSETS = {
 _EXTERNAL_KEYS = {"location", "offset", "length", "checksum", "basepath"}
 
 
-def load_model(model, *, base_dir: str | os.PathLike | None = None) -> tuple[ModelProto, Path | None]:
+def load_model(model, *, base_dir: str | os.PathLike | None = None,
+               source: str | None = None) -> tuple[ModelProto, Path | None]:
     """Return ``(model_proto, model_dir)`` for a path, bytes or ``ModelProto``.
 
     External data is loaded into the tensors' ``raw_data``. ``model_dir`` is the folder
-    external data is resolved against (``None`` for bytes without ``base_dir``).
+    external data is resolved against (``None`` for bytes without ``base_dir``);
+    ``source`` names bytes in error messages.
     """
     if isinstance(model, ModelProto):
         proto = model
         model_dir = Path(base_dir) if base_dir is not None else None
     elif isinstance(model, (bytes, bytearray, memoryview)):
-        proto = _parse(bytes(model), "<bytes>")
+        proto = _parse(bytes(model), source or "<bytes>")
         model_dir = Path(base_dir) if base_dir is not None else None
     elif isinstance(model, (str, os.PathLike)):
         path = Path(model)

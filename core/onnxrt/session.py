@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import threading
+from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
@@ -34,6 +36,7 @@ from .plan import Plan, PlanBuilder, RunContext, array_root
 from .plugins import resolve_providers
 from .providers import ExecutionProvider, HostDevice, group_io
 from .threads import ThreadSettings
+from .wire import split_large_weights
 from .types import FeedChecker, NodeArg
 
 __all__ = ["InferenceSession", "ModelMetadata", "Subgraph"]
@@ -121,12 +124,18 @@ class InferenceSession:
         self._max_bytes = _max_allocation_bytes(self._sess_options)
         tune_heap(self._sess_options._config.get(HEAP_CONFIG_KEY, "1").strip() != "0")
         with limit_allocations(self._max_bytes):
-            proto, self._model_dir = load_model(path_or_bytes)
+            proto, self._model_dir, direct = _load_with_weights(path_or_bytes)
             self._opsets = check_versions(proto)
             # the session keeps the model's structure and its weights as arrays, never
             # the weights twice: the full proto is dropped once they are decoded
             self._proto, self._weights = _split_weights(proto)
             del proto
+            if direct:
+                kept = set(self._weights) | {t.name for t in self._proto.graph.initializer}
+                twice = sorted(kept & set(direct))
+                if twice:
+                    raise InvalidGraph(f"initializer {twice[0]!r} is defined twice")
+                self._weights = {**direct, **self._weights}
             self._threads = ThreadSettings(self._sess_options.intra_op_num_threads)
             self._lock = threading.Lock()
             # IR < 4 lists every initializer as an input; only IR >= 4 makes them overridable
@@ -516,6 +525,22 @@ def _max_allocation_bytes(so: SessionOptions) -> int:
 
 #: initializers above this many elements are held as arrays, outside the kept proto
 _LARGE_WEIGHT = 1024
+
+
+def _load_with_weights(model) -> tuple[ModelProto, Path | None, dict[str, np.ndarray]]:
+    """:func:`~onnxrt.load.load_model`, with the large weights of a big model file read
+    straight from the file (:mod:`onnxrt.wire`) and returned beside the model rather
+    than inside it; everything else goes the ordinary way."""
+    if isinstance(model, (str, os.PathLike)):
+        path = Path(model)
+        if path.is_file():
+            split = split_large_weights(path, _LARGE_WEIGHT)
+            if split is not None:
+                data, weights = split
+                proto, model_dir = load_model(data, base_dir=path.resolve().parent, source=str(path))
+                return proto, model_dir, weights
+    proto, model_dir = load_model(model)
+    return proto, model_dir, {}
 
 
 def _split_weights(proto: ModelProto) -> tuple[ModelProto, dict[str, np.ndarray]]:

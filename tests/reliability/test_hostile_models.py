@@ -14,6 +14,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import onnxrt as ort
+from onnxrt.wire import encode_varint
 from onnxrt.ir import MAX_NESTING
 
 from ..conftest import make_model
@@ -392,16 +393,7 @@ def test_nested_if_chain_beyond_the_limit_is_invalid_graph(depth):
         ort.InferenceSession(_nested_if(depth).SerializeToString())
 
 
-def _varint(n):
-    out = bytearray()
-    while True:
-        b = n & 0x7F
-        n >>= 7
-        if n:
-            out.append(b | 0x80)
-        else:
-            out.append(b)
-            return bytes(out)
+_varint = encode_varint
 
 
 def _field(num, payload):
