@@ -411,3 +411,20 @@ def test_pooling_borders_match_onnxruntime(op_type, name, shape, attrs):
     got, = ort.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, {"x": x})
     assert got.shape == want.shape
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_large_gelu_split_over_threads_is_bitwise_the_serial_one():
+    """A Gelu of 2**18 values or more is computed in one part per kernel thread."""
+    import math
+
+    from onnxrt_cpu.kernels.contrib_transformer import _GELU_SPLIT, gelu_erf
+
+    x = (np.random.default_rng(0).standard_normal(_GELU_SPLIT + 1000) * 3).astype(np.float32).reshape(-1, 8)
+    with ThreadSettings(1):
+        one = gelu_erf(x)
+    with ThreadSettings(2):
+        two = gelu_erf(x)
+    assert two.shape == x.shape and two.dtype == np.float32
+    np.testing.assert_array_equal(one, two)
+    want = np.array([0.5 * v * (1 + math.erf(v / math.sqrt(2))) for v in x.ravel()[:2000].astype(np.float64)])
+    np.testing.assert_allclose(two.ravel()[:2000], want, rtol=1e-5, atol=1e-6)

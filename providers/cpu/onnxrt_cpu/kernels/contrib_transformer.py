@@ -17,7 +17,7 @@ import math
 import numpy as np
 from onnxrt.kernel import Kernel
 
-from ..parallel import matmul_nd
+from ..parallel import matmul_nd, parallel_for, thread_count
 from ..registry import op
 from .activation import _sigmoid
 from .math import erf
@@ -47,13 +47,34 @@ def _back(y: np.ndarray, dt) -> np.ndarray:
 # -- Gelu family ----------------------------------------------------------------------------
 
 
-def gelu_erf(x: np.ndarray) -> np.ndarray:
-    """``0.5 * x * (1 + erf(x / sqrt(2)))`` in ``x``'s (float32 or float64) type."""
+#: From this many elements a Gelu is split over the kernel threads: its erf is some
+#: 25 numpy passes, long enough to pay for the hand-over (BERT-base's 393,216-value
+#: BiasGelu: 1.03 ms on one thread, 0.74 ms on two; more parts than threads was slower)
+_GELU_SPLIT = 1 << 18
+
+
+def _gelu_erf(x: np.ndarray) -> np.ndarray:
     y = erf(x * x.dtype.type(1.0 / math.sqrt(2.0)))
     y += 1
     y *= x
     y *= x.dtype.type(0.5)
     return y
+
+
+def gelu_erf(x: np.ndarray) -> np.ndarray:
+    """``0.5 * x * (1 + erf(x / sqrt(2)))`` in ``x``'s (float32 or float64) type."""
+    threads = min(thread_count(), 8)
+    if x.size < _GELU_SPLIT or threads < 2 or not x.flags.c_contiguous:
+        return _gelu_erf(x)
+    flat = x.reshape(-1)
+    out = np.empty_like(flat)
+    cuts = [flat.size * i // threads // 16 * 16 for i in range(threads)] + [flat.size]
+
+    def part(i):
+        out[cuts[i] : cuts[i + 1]] = _gelu_erf(flat[cuts[i] : cuts[i + 1]])
+
+    parallel_for(threads, part, threads)
+    return out.reshape(x.shape)
 
 
 def _bias_add(x, bias, what):
