@@ -1,7 +1,10 @@
 """Node tests a provider is known to fail, each with its reason.
 
 Excluded tests still run, as strict expected failures: if one starts passing, the
-suite fails until it is removed from this list.
+suite fails until it is removed from this list. The exception is :data:`CHANCE`:
+unseeded random outputs that match the expected values now and then by chance, which
+stay expected failures without failing the suite when they happen to match
+(``tests/cpu/test_random_ops.py`` checks Bernoulli by its statistics instead).
 """
 
 #: CPUExecutionProvider (and every provider set, since all fall back to it)
@@ -15,6 +18,13 @@ CPU = {
     "test_bernoulli_seed_expanded": "the expected values were drawn from numpy's global random state when "
     "the test data was generated, not from the node's seed, so no implementation can reproduce them",
 }
+
+#: excluded tests whose output is random and unseeded: the expected values can come
+#: out by chance (test_bernoulli's ten draws match in about 0.6 % of runs), so a pass
+#: is not a sign the exclusion is stale
+CHANCE = frozenset({
+    "test_bernoulli", "test_bernoulli_double", "test_bernoulli_expanded", "test_bernoulli_double_expanded",
+})
 
 #: per provider name: extra exclusions on top of CPU's
 BY_PROVIDER: dict[str, dict[str, str]] = {}

@@ -2,7 +2,7 @@
 
 Each available provider runs with the CPU provider as its fallback, at
 ``ORT_DISABLE_ALL`` and ``ORT_ENABLE_ALL``. Exclusions are strict expected failures,
-each with its reason (``exclusions.py``).
+each with its reason (``exclusions.py``), except random outputs that can match by chance.
 """
 
 import warnings
@@ -13,7 +13,7 @@ import pytest
 import onnxrt as ort
 from onnxrt.testing import iter_node_tests, run_node_test
 
-from .exclusions import CPU, excluded
+from .exclusions import CHANCE, CPU, excluded
 
 CASES = list(iter_node_tests())
 PROVIDERS = ort.get_available_providers()
@@ -32,7 +32,7 @@ def _params():
             for case in CASES:
                 marks = []
                 if case.name in skip:
-                    marks.append(pytest.mark.xfail(reason=skip[case.name], strict=True))
+                    marks.append(pytest.mark.xfail(reason=skip[case.name], strict=case.name not in CHANCE))
                 yield pytest.param(prov, level, case, id=f"{prov}-{level}-{case.name}", marks=marks)
 
 
