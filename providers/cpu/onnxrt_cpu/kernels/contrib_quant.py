@@ -32,7 +32,9 @@ from .quantize import (
     _int_matmul,
     absmax,
     centred_bound,
+    dynamic_range,
     int_matmul_f32,
+    requantize,
 )
 from .select import clip
 
@@ -96,34 +98,11 @@ def dequant(x, scale, zp, what="x") -> np.ndarray:
     return v
 
 
-def requantize(v: np.ndarray, zero_point: int, dtype) -> np.ndarray:
-    """Round ``v`` (already divided by the output scale) half to even, add the zero
-    point and saturate to ``dtype``."""
-    dtype = np.dtype(dtype)
-    lo, hi = INT_RANGES[dtype]
-    v = np.rint(v)
-    if zero_point:
-        v += v.dtype.type(zero_point)
-    clip(v, lo, hi, out=v)
-    return v.astype(dtype)
-
-
 def _dequant_f32(q: np.ndarray, zero_point, scale) -> np.ndarray:
     """``(q - zero_point) * scale`` in float32, converting and centring in one pass."""
     v = np.subtract(q, np.float32(zero_point), dtype=_F32) if zero_point else q.astype(_F32)
     v *= scale
     return v
-
-
-def _requantize_inplace(v: np.ndarray, zero_point: int, dtype) -> np.ndarray:
-    """:func:`requantize` on a float32 ``v`` the caller no longer needs."""
-    dtype = np.dtype(dtype)
-    lo, hi = INT_RANGES[dtype]
-    np.rint(v, out=v)
-    if zero_point:
-        v += v.dtype.type(zero_point)
-    clip(v, lo, hi, out=v)
-    return v.astype(dtype)
 
 
 def _out_type(y_zero_point, x) -> np.dtype:
@@ -238,7 +217,7 @@ class _QLinearBinary(Kernel):
             ca = np.subtract(a, np.float32(za), dtype=_F32) if za else a.astype(_F32)
             cb = np.subtract(b, np.float32(zb), dtype=_F32) if zb else b.astype(_F32)
             v = _mul_values(ca, cb, np.float32(sa * sb / sc))
-        return (_requantize_inplace(v, zc, out),)
+        return (requantize(v, zc, out, inplace=True),)
 
 
 @op("QLinearAdd", since=1, domain=MS)
@@ -630,13 +609,7 @@ def _dynamic_centred(x: np.ndarray):
     """DynamicQuantizeLinear's ``q - zero_point`` as exact float32, with its scale and
     zero point: ``clip(rint(x / s) + z, 0, 255) - z`` is ``clip(rint(x / s), -z, 255 - z)``
     for these integers, which spares the uint8 round trip."""
-    if x.size == 0:
-        raise ValueError("DynamicQuantizeLinear: input is empty, its range is undefined")
-    xf = x.astype(_F32, copy=False)
-    hi = max(np.float32(0), np.float32(xf.max()))
-    lo = min(np.float32(0), np.float32(xf.min()))
-    scale = np.float32((hi - lo) if hi != lo else np.float32(1)) / np.float32(255)
-    zp = np.rint(clip(np.float32(0) - lo / scale, 0, 255))
+    xf, scale, zp = dynamic_range(x)
     v = np.divide(xf, scale, dtype=_F32)
     np.rint(v, out=v)
     clip(v, -zp, np.float32(255) - zp, out=v)

@@ -27,7 +27,7 @@ from .cast import SATURATING_F8, cast_array
 from .select import clip
 
 __all__ = ["DequantizeLinear", "MatMulInteger", "QLinearMatMul", "QuantizeLinear", "dynamic_quantize_linear",
-           "int_matmul_f32"]
+           "dynamic_range", "int_matmul_f32", "requantize"]
 
 _F32 = np.dtype(np.float32)
 _F64 = np.dtype(np.float64)
@@ -228,9 +228,9 @@ class DequantizeLinear(Kernel):
         return (dequantize(x, x_scale, x_zero_point, out, axis=self.axis, block_size=self.block_size),)
 
 
-@op("DynamicQuantizeLinear", since=11)
-def dynamic_quantize_linear(k, x):
-    """Quantize to uint8 with a scale and zero point computed from the data range."""
+def dynamic_range(x: np.ndarray):
+    """DynamicQuantizeLinear's parameters: ``(x as float32, scale, zero point)``, the
+    scale and the (rounded, float32) zero point taken from the data's range and 0."""
     if x.size == 0:
         raise ValueError("DynamicQuantizeLinear: input is empty, its range is undefined")
     xf = x.astype(_F32, copy=False)
@@ -238,6 +238,29 @@ def dynamic_quantize_linear(k, x):
     lo = min(np.float32(0), np.float32(xf.min()))
     scale = np.float32((hi - lo) if hi != lo else np.float32(1)) / np.float32(255)
     zp = np.rint(clip(np.float32(0) - lo / scale, 0, 255))
+    return xf, scale, zp
+
+
+def requantize(v: np.ndarray, zero_point, dtype, *, inplace: bool = False) -> np.ndarray:
+    """Round ``v`` (already divided by the output scale) half to even, add the scalar
+    zero point (``None`` or 0: none) and saturate to the integer ``dtype``;
+    ``inplace`` rounds in ``v`` itself, which the caller no longer needs."""
+    dtype = np.dtype(dtype)
+    lo, hi = INT_RANGES[dtype]
+    if inplace:
+        np.rint(v, out=v)
+    else:
+        v = np.rint(v)
+    if zero_point:
+        v += v.dtype.type(zero_point)
+    clip(v, lo, hi, out=v)
+    return v.astype(dtype)
+
+
+@op("DynamicQuantizeLinear", since=11)
+def dynamic_quantize_linear(k, x):
+    """Quantize to uint8 with a scale and zero point computed from the data range."""
+    xf, scale, zp = dynamic_range(x)
     y = np.rint(xf / scale)
     y += zp
     clip(y, 0, 255, out=y)
