@@ -41,7 +41,7 @@ from onnxrt.windows import conv_transpose_geometry
 
 from .. import parallel
 from ..registry import op
-from .select import clip
+from .quantize import requantize
 
 __all__ = ["conv_pads", "pad_spatial", "tap_slices", "compute_dtype"]
 
@@ -265,30 +265,23 @@ def _conv_forward(x, wp: _ConvWeights, strides, dilations, pb, pe, out_sp, bias=
     threads = parallel.thread_count()
     flops = n * m * K * L
 
-    def finish(out, i, gi, l0=0, l1=L):
+    def finish(out, i, gi, rows=slice(None), cols=slice(None)):
+        """Bias, residual and activation on ``out``: rows ``rows`` of group ``gi``'s
+        output of image ``i``, columns ``cols`` (a part of it, or all)."""
+        r0, r1, _ = rows.indices(mg)
+        rows = slice(gi * mg + r0, gi * mg + r1)
         if bcol is not None:
-            out += bcol[gi * mg : (gi + 1) * mg]
+            out += bcol[rows]
         if zv is not None:
-            out += zv[i, gi * mg : (gi + 1) * mg, l0:l1]
+            out += zv[i, rows, cols]
         if activation is not None:
             activation(out)
 
     def epilogue_for(i, gi):
-        """``finish`` for one part of a split product (a block of its rows or columns)."""
+        """:func:`finish` for each part of a split product, or None if there is nothing to do."""
         if bcol is None and zv is None and activation is None:
             return None
-        base = gi * mg
-
-        def epilogue(part, rows, cols):
-            r0, r1, _ = rows.indices(mg)
-            if bcol is not None:
-                part += bcol[base + r0 : base + r1]
-            if zv is not None:
-                part += zv[i, base + r0 : base + r1, cols]
-            if activation is not None:
-                activation(part)
-
-        return epilogue
+        return lambda part, rows, cols: finish(part, i, gi, rows, cols)
 
     if unit:
         xv = x.reshape(n, c, L)
@@ -373,7 +366,7 @@ def _conv_forward(x, wp: _ConvWeights, strides, dilations, pb, pe, out_sp, bias=
         gather(i, gi, r0, r1, cols)
         out = yv[i, gi * mg : (gi + 1) * mg, r0 * inner : r1 * inner]
         np.matmul(wp.gemm[gi], cols.reshape(K, lb), out=out)
-        finish(out, i, gi, r0 * inner, r1 * inner)
+        finish(out, i, gi, cols=slice(r0 * inner, r1 * inner))
 
     parallel.parallel_for(len(jobs), band_job, 1 if flops < parallel.PARALLEL_MIN_FLOPS else threads)
     return y
@@ -818,13 +811,7 @@ class QLinearConv(_IntConvBase):
         mult = xs * ws / ys
         v = acc.astype(np.float32, copy=False)
         v *= mult
-        out_dt = y_zero_point.dtype if y_zero_point is not None else x.dtype
-        np.rint(v, out=v)
-        if y_zero_point is not None:
-            v += np.float32(np.asarray(y_zero_point).reshape(()))
-        info = np.iinfo(out_dt)
-        clip(v, info.min, info.max, out=v)
-        return (v.astype(out_dt),)
+        return (_requantize_output(v, x, y_zero_point),)
 
     @staticmethod
     def _requantize_rows(rows, x, x_scale, w_scale, y_scale, y_zero_point, b):
@@ -840,13 +827,16 @@ class QLinearConv(_IntConvBase):
         xs = np.asarray(x_scale, dtype=np.float32).reshape(())
         ys = np.asarray(y_scale, dtype=np.float32).reshape(())
         v *= xs * ws / ys
-        out_dt = y_zero_point.dtype if y_zero_point is not None else x.dtype
-        np.rint(v, out=v)
-        if y_zero_point is not None:
-            v += np.float32(np.asarray(y_zero_point).reshape(()))
-        info = np.iinfo(out_dt)
-        clip(v, info.min, info.max, out=v)
-        return np.ascontiguousarray(v.astype(out_dt).reshape(n, oh, ow, m).transpose(0, 3, 1, 2))
+        q = _requantize_output(v, x, y_zero_point)
+        return np.ascontiguousarray(q.reshape(n, oh, ow, m).transpose(0, 3, 1, 2))
+
+
+def _requantize_output(v, x, y_zero_point):
+    """QLinearConv's float32 ``v`` (already scaled) rounded in place, shifted by the
+    output zero point and saturated to its type (``x``'s without one)."""
+    out_dt = y_zero_point.dtype if y_zero_point is not None else x.dtype
+    zp = None if y_zero_point is None else np.asarray(y_zero_point).reshape(()).item()
+    return requantize(v, zp, out_dt, inplace=True)
 
 
 # -- ConvTranspose -----------------------------------------------------------------------
