@@ -60,33 +60,6 @@ def _varint(buf, pos: int, end: int) -> tuple[int, int]:
         shift += 7
 
 
-def _fields(buf, pos: int, end: int):
-    """Yield ``(field, wire_type, start, value_start, value_end, int_value)`` over a
-    message's bytes ``buf[pos:end]``; ``start`` is where the field's tag begins."""
-    while pos < end:
-        start = pos
-        tag, pos = _varint(buf, pos, end)
-        field, wt = tag >> 3, tag & 7
-        if field == 0:
-            raise _Bad("field number 0")
-        if wt == _VARINT:
-            value, pos = _varint(buf, pos, end)
-            yield field, wt, start, pos, pos, value
-            continue
-        if wt == _LEN:
-            n, pos = _varint(buf, pos, end)
-            vs, pos = pos, pos + n
-        elif wt == _I64:
-            vs, pos = pos, pos + 8
-        elif wt == _I32:
-            vs, pos = pos, pos + 4
-        else:
-            raise _Bad(f"wire type {wt}")
-        if pos > end:
-            raise _Bad("field runs past its message")
-        yield field, wt, start, vs, pos, None
-
-
 def encode_varint(n: int) -> bytes:
     """``n`` (non-negative) as a protobuf varint."""
     out = bytearray()
@@ -116,17 +89,18 @@ class _Reader:
             raise _Bad("the file ended early")
         return data
 
-    def header(self, pos: int, end: int) -> tuple[int, int, int, int]:
-        """``(field, wire_type, value_start, value_end)`` of the field at ``pos``; the
-        value of a varint field is left to the caller."""
+    def header(self, pos: int, end: int) -> tuple[int, int, int, int, int | None]:
+        """``(field, wire_type, value_start, value_end, varint)`` of the field at
+        ``pos`` in a message ending at ``end``; ``varint`` is the value of a varint
+        field (None for the others)."""
         head = self.read_at(pos, min(20, end - pos))
         tag, p = _varint(head, 0, len(head))
         field, wt = tag >> 3, tag & 7
         if field == 0:
             raise _Bad("field number 0")
         if wt == _VARINT:
-            _, q = _varint(head, p, len(head))
-            return field, wt, pos + p, pos + q
+            value, q = _varint(head, p, len(head))
+            return field, wt, pos + p, pos + q, value
         if wt == _LEN:
             n, q = _varint(head, p, len(head))
             vs = pos + q
@@ -139,41 +113,26 @@ class _Reader:
             raise _Bad(f"wire type {wt}")
         if ve > end:
             raise _Bad("field runs past its message")
-        return field, wt, vs, ve
+        return field, wt, vs, ve, None
 
 
-def _tensor_plan_from_file(r: _Reader, vs: int, ve: int, min_elements: int):
-    """``(name, dtype, dims, data_start, data_end)`` for a tensor to read directly, or
-    None to leave it in the model. Its fields are read except the raw data, which is
-    only located."""
-    parts, raw = [], None
+def _tensor_plan(r: _Reader, vs: int, ve: int, min_elements: int):
+    """``(name, dtype, dims, data_start, data_end)`` for the tensor message at
+    ``[vs, ve)`` if it is to be read directly, or None to leave it in the model. The
+    raw data is only located, never read here."""
+    dims, dtype, name, raw = [], None, None, None
     pos = vs
     while pos < ve:
-        field, wt, s, e = r.header(pos, ve)
-        if field == _T_RAW and wt == _LEN:
-            if raw is not None:
-                return None
-            raw = (s, e)
-        else:
-            parts.append(r.read_at(pos, e - pos))
+        field, wt, s, e, value = r.header(pos, ve)
         pos = e
-    if raw is None:
-        return None
-    return _plan(b"".join(parts), raw, min_elements)
-
-
-def _plan(small: bytes, raw: tuple[int, int], min_elements: int):
-    """The plan of :func:`_tensor_plan_from_file` from the tensor's other fields."""
-    dims, dtype, name = [], None, None
-    buf = memoryview(small)
-    for field, wt, _, s, e, value in _fields(buf, 0, len(small)):
         if field == _T_DIMS:
             if wt == _VARINT:
                 dims.append(value)
             elif wt == _LEN:
-                p = s
-                while p < e:
-                    d, p = _varint(buf, p, e)
+                packed = r.read_at(s, e - s)
+                p = 0
+                while p < len(packed):
+                    d, p = _varint(packed, p, len(packed))
                     dims.append(d)
             else:
                 return None
@@ -184,10 +143,15 @@ def _plan(small: bytes, raw: tuple[int, int], min_elements: int):
         elif field == _T_NAME and wt == _LEN:
             if name is not None:
                 return None
-            name = bytes(buf[s:e]).decode("utf-8")
+            name = r.read_at(s, e - s).decode("utf-8")
+        elif field == _T_RAW and wt == _LEN:
+            if raw is not None:
+                return None
+            raw = (s, e)
         elif field in (_T_LOCATION, _T_SEGMENT) or field in (4, 5, 6, 7, 10, 11, 13):
+            # external data, segments or typed data fields: the ordinary path
             return None
-    if dtype not in _PLAIN or name is None:
+    if dtype not in _PLAIN or name is None or raw is None:
         return None
     dims = [int(d) for d in dims]
     count = math.prod(dims)
@@ -223,7 +187,7 @@ def _split_file(r: _Reader, min_elements: int):
     head, tail, graph = [], [], None
     pos = 0
     while pos < size:
-        field, wt, vs, ve = r.header(pos, size)
+        field, wt, vs, ve, _ = r.header(pos, size)
         if field == _MODEL_GRAPH and wt == _LEN:
             if graph is not None:
                 raise _Bad("more than one graph field")
@@ -236,10 +200,10 @@ def _split_file(r: _Reader, min_elements: int):
     kept, taken = [], []
     pos, g_end = graph
     while pos < g_end:
-        field, wt, vs, ve = r.header(pos, g_end)
+        field, wt, vs, ve, _ = r.header(pos, g_end)
         plan = None
         if field == _GRAPH_INITIALIZER and wt == _LEN:
-            plan = _tensor_plan_from_file(r, vs, ve, min_elements)
+            plan = _tensor_plan(r, vs, ve, min_elements)
         if plan is None:
             kept.append(r.read_at(pos, ve - pos))
         else:
