@@ -519,27 +519,24 @@ def test_qlinear_binary_table_equals_direct_computation(op_type, dt, a_shape, b_
     node = helper.make_node(op_type, [n if n in ("a", "b") or params[n] is not None else "" for n in names],
                             ["y"], domain=MS)
     consts = {k: v for k, v in params.items() if v is not None}
-    fixed = _model(node, {"a": a, "b": b}, [dt], consts)
-    fed = _model(node, {"a": a, "b": b, **consts}, [dt])
-    s_fixed = onnxrt.InferenceSession(fixed.SerializeToString(), providers=["CPUExecutionProvider"])
-    s_fed = onnxrt.InferenceSession(fed.SerializeToString(), providers=["CPUExecutionProvider"])
-    # the constant-scale kernel built its table; the fed one could not
-    assert s_fixed._built.plan.steps[0].fn.__self__.table is not None
-    assert s_fed._built.plan.steps[0].fn.__self__.table is None
-    (got,) = s_fixed.run(None, {"a": a, "b": b})
-    (want,) = s_fed.run(None, {"a": a, "b": b, **consts})
+
+    def both(a, b):
+        """(the table path's result, the direct path's) for inputs ``a`` and ``b``."""
+        fixed = onnxrt.InferenceSession(_model(node, {"a": a, "b": b}, [dt], consts).SerializeToString(),
+                                        providers=["CPUExecutionProvider"])
+        fed = onnxrt.InferenceSession(_model(node, {"a": a, "b": b, **consts}, [dt]).SerializeToString(),
+                                      providers=["CPUExecutionProvider"])
+        # the constant-scale kernel built its table; the fed one could not
+        assert fixed._built.plan.steps[0].fn.__self__.table is not None
+        assert fed._built.plan.steps[0].fn.__self__.table is None
+        return fixed.run(None, {"a": a, "b": b})[0], fed.run(None, {"a": a, "b": b, **consts})[0]
+
+    got, want = both(a, b)
     assert got.dtype == want.dtype == np.dtype(dt) and got.shape == want.shape
     np.testing.assert_array_equal(got, want)
     # every pair of codes at once
-    every_a = np.arange(256, dtype=np.uint8).view(dt).reshape(256, 1)
-    every_b = np.arange(256, dtype=np.uint8).view(dt).reshape(1, 256)
-    fixed2 = _model(node, {"a": every_a, "b": every_b}, [dt], consts)
-    fed2 = _model(node, {"a": every_a, "b": every_b, **consts}, [dt])
-    got2 = onnxrt.InferenceSession(fixed2.SerializeToString(), providers=["CPUExecutionProvider"]).run(
-        None, {"a": every_a, "b": every_b})[0]
-    want2 = onnxrt.InferenceSession(fed2.SerializeToString(), providers=["CPUExecutionProvider"]).run(
-        None, {"a": every_a, "b": every_b, **consts})[0]
-    np.testing.assert_array_equal(got2, want2)
+    codes = np.arange(256, dtype=np.uint8).view(dt)
+    np.testing.assert_array_equal(*both(codes.reshape(256, 1), codes.reshape(1, 256)))
 
 
 @pytest.mark.parametrize("dt", [np.uint8, np.int8])

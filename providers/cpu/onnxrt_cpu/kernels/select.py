@@ -76,7 +76,10 @@ def where(cond: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
 def clamp(x: np.ndarray, lo, hi, out: np.ndarray | None = None) -> np.ndarray:
     """``minimum(maximum(x, lo), hi)`` for scalar bounds (None: unbounded), in one pass."""
     if lo is None and hi is None:
-        return x.copy() if out is None else np.copyto(out, x) or out
+        if out is None:
+            return x.copy()
+        np.copyto(out, x)
+        return out
     kind = x.dtype.kind
     if lo is None:
         lo = -np.inf if kind == "f" else np.iinfo(x.dtype).min if kind in "iu" else None
