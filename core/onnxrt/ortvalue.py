@@ -344,7 +344,8 @@ def _place(v, dev, pre: OrtValue | None, name: str, built, protect: set) -> OrtV
         if isinstance(v, np.ndarray):
             from .plan import array_root
 
-            if not v.flags.writeable or id(array_root(v)) in protect:
+            # C-ordered, as run() returns them
+            if not v.flags.writeable or not v.flags.c_contiguous or id(array_root(v)) in protect:
                 v = v.copy()
         elif v is not None and not isinstance(v, (list, dict)):
             v = _device_of(v, built).to_host(v)

@@ -468,8 +468,11 @@ class InferenceSession:
             v = by_name[n]
             if isinstance(v, np.ndarray):
                 r = id(array_root(v))
-                # feeds, constants, another output, or memory a kernel keeps (read-only)
-                if r in protect or r in seen or not v.flags.writeable:
+                # feeds, constants, another output, or memory a kernel keeps (read-only);
+                # and views in another layout (a Transpose's, a channels-last conv's):
+                # onnxruntime returns C-ordered arrays and callers handing them to C
+                # code expect as much
+                if r in protect or r in seen or not v.flags.writeable or not v.flags.c_contiguous:
                     v = v.copy()
                 seen.add(id(array_root(v)))
             result.append(v)

@@ -155,6 +155,63 @@ def test_conv_without_constant_weight_matches_onnxruntime():
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
 
 
+def _qlinear_conv(name, x, w_name, y_name, m, k, stride):
+    p = k // 2
+    return helper.make_node(
+        "QLinearConv",
+        [x, "s_in", "z_in", w_name, "s_w", "z_w", "s_in", "z_in", f"{w_name}_b"],
+        [y_name], name=name, kernel_shape=[k, k], pads=[p] * 4, strides=[stride] * 2,
+    )
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_quantized_conv_chain_in_channels_last_views_matches_onnxruntime(threads, monkeypatch):
+    """QLinearConv on a batch of small images hands on a channels-last view: the
+    next QLinearConv reads it without a transposing copy, an elementwise QLinearAdd and
+    a Reshape read it as NCHW, and the session's outputs come back C-ordered. The
+    stem has 3 channels (copied channel by channel), the rest 16 (one copy)."""
+    if threads > 1:
+        monkeypatch.setattr(parallel, "PARALLEL_MIN_FLOPS", 1 << 14)
+    rng = np.random.default_rng(0)
+    inits = [
+        helper.make_tensor("s_in", TensorProto.FLOAT, [], [0.05]),
+        helper.make_tensor("z_in", TensorProto.UINT8, [], [128]),
+        helper.make_tensor("s_w", TensorProto.FLOAT, [], [0.01]),
+        helper.make_tensor("z_w", TensorProto.INT8, [], [0]),
+    ]
+    nodes = []
+    for name, cin, m, k, stride, src, dst in [
+        ("stem", 3, 16, 7, 2, "x", "a"), ("c1", 16, 16, 3, 1, "a", "b"), ("c2", 16, 16, 1, 1, "b", "c"),
+    ]:
+        inits.append(numpy_helper.from_array(rng.integers(-60, 60, (m, cin, k, k)).astype(np.int8), f"w_{name}"))
+        inits.append(numpy_helper.from_array(rng.integers(-500, 500, m).astype(np.int32), f"w_{name}_b"))
+        nodes.append(_qlinear_conv(name, src, f"w_{name}", dst, m, k, stride))
+    nodes += [
+        helper.make_node("QLinearAdd", ["c", "s_in", "z_in", "a", "s_in", "z_in", "s_in", "z_in"], ["sum"],
+                         domain="com.microsoft"),
+        helper.make_node("Reshape", ["sum", "flat"], ["y"]),
+    ]
+    inits.append(numpy_helper.from_array(np.array([8, -1], np.int64), "flat"))
+    graph = helper.make_graph(
+        nodes, "qchain", [helper.make_tensor_value_info("x", TensorProto.UINT8, [8, 3, 24, 24])],
+        [helper.make_tensor_value_info("b", TensorProto.UINT8, None),
+         helper.make_tensor_value_info("y", TensorProto.UINT8, None)], inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("com.microsoft", 1)],
+                              ir_version=10).SerializeToString()
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = threads
+    sess = ort.InferenceSession(model, so, providers=["CPUExecutionProvider"])
+    ref = rt.InferenceSession(model, providers=["CPUExecutionProvider"])
+    for seed in (1, 2):
+        x = np.random.default_rng(seed).integers(0, 256, (8, 3, 24, 24)).astype(np.uint8)
+        got = sess.run(None, {"x": x})
+        want = ref.run(None, {"x": x})
+        for g, w in zip(got, want):
+            assert g.flags.c_contiguous and g.dtype == np.uint8
+            np.testing.assert_array_equal(g, w)
+
+
 # -- parallel ------------------------------------------------------------------------
 
 

@@ -14,6 +14,7 @@ of the result, each part one single-threaded BLAS call writing into its slice of
 
 from __future__ import annotations
 
+import math
 import os
 import queue
 import threading
@@ -180,6 +181,11 @@ def matmul_nd(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     becomes one tall 2-D product, and a stack times a stack is shared out by batch
     item. Anything else (integers, 1-D operands, small products) is ``np.matmul``.
     """
+    if a.ndim > 2 and b.ndim == 2 and a.flags.c_contiguous:
+        # numpy multiplies a stack by one matrix as a loop of small GEMMs; one tall
+        # 2-D product is the same sums, and BLAS runs it far faster
+        out2 = matmul_nd(a.reshape(math.prod(a.shape[:-1]), a.shape[-1]), b)
+        return out2.reshape(a.shape[:-1] + out2.shape[-1:])
     threads = current_thread_count()
     if (
         threads <= 1

@@ -376,6 +376,27 @@ def _conv_forward(x, wp: _ConvWeights, strides, dilations, pb, pe, out_sp, bias=
 _ROWS_BLOCK_ELEMS = 1 << 21
 
 
+#: Up to this many channels a channels-last copy goes channel by channel: numpy's
+#: transposing copy runs its inner loop over the few channels (3 for an RGB image),
+#: 5-8x slower than one strided pass per channel.
+_FEW_CHANNELS = 4
+
+
+def fill_channels_last(dst: np.ndarray, x: np.ndarray, shift=0) -> None:
+    """``dst[n, h, w, c] = x[n, c, h, w] - shift`` in ``dst``'s type (any NCHW ``x``;
+    free of a transposing copy when ``x`` is a view of channels-last memory)."""
+    xt = x.transpose(0, 2, 3, 1)
+    if not xt.flags.c_contiguous:
+        if x.shape[1] <= _FEW_CHANNELS:
+            for ci in range(x.shape[1]):
+                np.subtract(x[:, ci], shift, out=dst[..., ci], dtype=dst.dtype, casting="unsafe")
+            return
+        # the transposing copy in the input's own (often 1-byte) type, then one
+        # contiguous pass: 1.5-2x faster than transposing while converting
+        xt = np.ascontiguousarray(xt)
+    np.subtract(xt, shift, out=dst, dtype=dst.dtype, casting="unsafe")
+
+
 def _conv_rows(x, wp, strides, dilations, pb, pe, out_sp, y, pad_value):
     """A 2-D, group-1 convolution of a batch of small images into ``y``, channels last.
 
@@ -393,7 +414,7 @@ def _conv_rows(x, wp, strides, dilations, pb, pe, out_sp, y, pad_value):
     (kh, kw), (sh, sw), (dh, _), (oh, ow) = wp.kernel, strides, dilations, out_sp
     hp, wpad = h + pb[0] + pe[0], w + pb[1] + pe[1]
     xp = np.full((n, hp, wpad, c), pad_value, dtype=x.dtype) if pad_value else np.zeros((n, hp, wpad, c), x.dtype)
-    xp[:, pb[0] : pb[0] + h, pb[1] : pb[1] + w] = x.transpose(0, 2, 3, 1)
+    fill_channels_last(xp[:, pb[0] : pb[0] + h, pb[1] : pb[1] + w], x)
     s_n, s_h, s_w, s_c = xp.strides
     view = np.lib.stride_tricks.as_strided(
         xp, (n, oh, ow, kh, kw * c), (s_n, sh * s_h, sw * s_w, dh * s_h, s_c), writeable=False
@@ -661,8 +682,7 @@ class _IntConvBase(Kernel):
         if n * oh * ow * k > _ROWS_MAX_ELEMS or (oh - 1) * sh + kh > hp or (ow - 1) * sw + kw > wp:
             return None
         xp = np.zeros((n, hp, wp, c), dtype=np.float32)
-        np.subtract(x.transpose(0, 2, 3, 1), np.float32(zp), out=xp[:, pb[0] : pb[0] + h, pb[1] : pb[1] + wd],
-                    dtype=np.float32)
+        fill_channels_last(xp[:, pb[0] : pb[0] + h, pb[1] : pb[1] + wd], x, zp)
         s_n, s_h, s_w, s_c = xp.strides
         view = np.lib.stride_tricks.as_strided(xp, (n, oh, ow, kh, kw * c), (s_n, sh * s_h, sw * s_w, s_h, s_c),
                                                writeable=False)
@@ -828,7 +848,10 @@ class QLinearConv(_IntConvBase):
         ys = np.asarray(y_scale, dtype=np.float32).reshape(())
         v *= xs * ws / ys
         q = _requantize_output(v, x, y_zero_point)
-        return np.ascontiguousarray(q.reshape(n, oh, ow, m).transpose(0, 3, 1, 2))
+        # an NCHW view of the channels-last result: the next convolution reads it
+        # channels last without a transposing copy, elementwise ops take any layout,
+        # and the session hands graph outputs back C-ordered
+        return q.reshape(n, oh, ow, m).transpose(0, 3, 1, 2)
 
 
 def _requantize_output(v, x, y_zero_point):
