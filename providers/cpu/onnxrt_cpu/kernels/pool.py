@@ -108,7 +108,9 @@ def _reduce_taps(x, kernel, strides, dil, pb, out_sp, ufunc, fill):
             r, r_owned = full[0], False  # a view: the first combination allocates
         else:
             shape = y.shape[:ax] + (o,) + y.shape[ax + 1 :]
-            r, r_owned = np.full(shape, fill, dtype=y.dtype), True
+            # in y's memory order (a channels-last view stays channels last)
+            r, r_owned = np.empty_like(y, shape=shape), True
+            r.fill(fill)
         for lo, hi, v in taps:
             if full and v is full[0]:
                 continue
@@ -116,12 +118,12 @@ def _reduce_taps(x, kernel, strides, dil, pb, out_sp, ufunc, fill):
                 if lo == 0 and hi == o:
                     r, r_owned = ufunc(r, v), True
                     continue
-                r, r_owned = r.copy(), True
+                r, r_owned = r.copy(order="K"), True
             dst = r[lead + (slice(lo, hi),)]
             ufunc(dst, v, out=dst)
         y, owned = r, r_owned or owned
     # a 1x1 window over no padding leaves a view of the input
-    return y if owned else y.copy()
+    return y if owned else y.copy(order="K")
 
 
 def _lowest(dt):
