@@ -106,32 +106,20 @@ def _export(model, example: tuple, path: Path, input_names, dynamo=False):
 
 
 def _torch_blocks():
+    """The export script's blocks and BatchNorm initializer (one definition of each)."""
     import torch  # noqa: F401
 
     sys.path.insert(0, str(ROOT))
-    from scripts.export_test_models import BasicBlock, InvertedResidual
+    from scripts.export_test_models import BasicBlock, InvertedResidual, bn_stats
 
-    return BasicBlock, InvertedResidual
-
-
-def _bn_stats(model):
-    """Non-trivial BatchNorm statistics, so that inference-mode BN does real work."""
-    from torch import nn
-
-    for m in model.modules():
-        if isinstance(m, nn.BatchNorm2d):
-            m.running_mean.uniform_(-0.2, 0.2)
-            m.running_var.uniform_(0.5, 1.5)
-            m.weight.data.uniform_(0.8, 1.2)
-            m.bias.data.uniform_(-0.1, 0.1)
-    return model
+    return BasicBlock, InvertedResidual, bn_stats
 
 
 def _resnet18(path: Path):
     import torch
     from torch import nn
 
-    BasicBlock, _ = _torch_blocks()
+    BasicBlock, _, bn_stats = _torch_blocks()
     torch.manual_seed(0)
     layers, cin = [], 64
     for cout, stride in ((64, 1), (128, 2), (256, 2), (512, 2)):
@@ -141,14 +129,14 @@ def _resnet18(path: Path):
         nn.Conv2d(3, 64, 7, 2, 3, bias=False), nn.BatchNorm2d(64), nn.ReLU(), nn.MaxPool2d(3, 2, 1),
         *layers, nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(512, 1000),
     )
-    _export(_bn_stats(model), (torch.randn(1, 3, 224, 224),), path, ["image"])
+    _export(bn_stats(model), (torch.randn(1, 3, 224, 224),), path, ["image"])
 
 
 def _mobilenet_v2(path: Path):
     import torch
     from torch import nn
 
-    _, InvertedResidual = _torch_blocks()
+    _, InvertedResidual, bn_stats = _torch_blocks()
     torch.manual_seed(0)
     blocks, cin = [], 32
     for t, c, n, s in ((1, 16, 1, 1), (6, 24, 2, 2), (6, 32, 3, 2), (6, 64, 4, 2), (6, 96, 3, 1), (6, 160, 3, 2),
@@ -161,7 +149,7 @@ def _mobilenet_v2(path: Path):
         nn.Conv2d(320, 1280, 1, bias=False), nn.BatchNorm2d(1280), nn.ReLU6(),
         nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(1280, 1000),
     )
-    _export(_bn_stats(model), (torch.randn(1, 3, 224, 224),), path, ["image"])
+    _export(bn_stats(model), (torch.randn(1, 3, 224, 224),), path, ["image"])
 
 
 BERT_SEQ = 128

@@ -186,14 +186,20 @@ class TinyYolo(nn.Module):
         return boxes, scores
 
 
-def export_detector(model, name):
-    # non-trivial BatchNorm statistics, so that folding them into the convolutions matters
+def bn_stats(model):
+    """Give ``model``'s BatchNorms non-trivial statistics (from torch's random state),
+    so that inference-mode BN, and folding it into the convolutions, does real work."""
     for m in model.modules():
         if isinstance(m, nn.BatchNorm2d):
             m.running_mean.uniform_(-0.2, 0.2)
             m.running_var.uniform_(0.5, 1.5)
             m.weight.data.uniform_(0.8, 1.2)
             m.bias.data.uniform_(-0.1, 0.1)
+    return model
+
+
+def export_detector(model, name):
+    bn_stats(model)
     for head in (model.head8, model.head16):  # confident scores, not all near 0.5
         head[-1].weight.data *= 8.0
     model.eval()
