@@ -177,13 +177,13 @@ def matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None, epilogue
 def matmul_nd(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """``np.matmul(a, b)`` (any ranks, broadcast batches), split over the kernel threads.
 
-    Float products big enough to be worth it are split: a stack times one matrix
-    becomes one tall 2-D product, and a stack times a stack is shared out by batch
-    item. Anything else (integers, 1-D operands, small products) is ``np.matmul``.
+    A stack times one matrix is always one tall 2-D product (numpy would loop over
+    the stack, one small GEMM per item: the same sums, far slower). Float products
+    big enough to be worth it are split: a 2-D product by rows or columns, a stack
+    times a stack by batch item. Anything else (integers, 1-D operands, small
+    products) is ``np.matmul``.
     """
-    if a.ndim > 2 and b.ndim == 2 and a.flags.c_contiguous:
-        # numpy multiplies a stack by one matrix as a loop of small GEMMs; one tall
-        # 2-D product is the same sums, and BLAS runs it far faster
+    if a.ndim > 2 and b.ndim == 2:
         out2 = matmul_nd(a.reshape(math.prod(a.shape[:-1]), a.shape[-1]), b)
         return out2.reshape(a.shape[:-1] + out2.shape[-1:])
     threads = current_thread_count()
@@ -202,10 +202,8 @@ def matmul_nd(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     rows = int(np.prod(a.shape[:-1], dtype=np.int64))
     if rows * k * b.shape[-1] < PARALLEL_MIN_FLOPS:
         return np.matmul(a, b)
-    if b.ndim == 2:
-        out = np.empty(a.shape[:-1] + (b.shape[1],), dtype=a.dtype)
-        matmul(a.reshape(rows, k), b, out=out.reshape(rows, b.shape[1]))
-        return out
+    if b.ndim == 2:  # a is 2-D too (a stack was flattened above)
+        return matmul(a, b)
     try:
         batch = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
     except ValueError:
