@@ -342,11 +342,9 @@ def _place(v, dev, pre: OrtValue | None, name: str, built, protect: set) -> OrtV
     """The output value ``v`` as an ``OrtValue`` on ``dev`` (into ``pre`` when preallocated)."""
     if dev is None or dev.is_host:
         if isinstance(v, np.ndarray):
-            from .plan import array_root
+            from .plan import caller_owned
 
-            # C-ordered, as run() returns them
-            if not v.flags.writeable or not v.flags.c_contiguous or id(array_root(v)) in protect:
-                v = v.copy()
+            v = caller_owned(v, protect)
         elif v is not None and not isinstance(v, (list, dict)):
             v = _device_of(v, built).to_host(v)
         if pre is not None:

@@ -295,3 +295,15 @@ def array_root(a):
     while isinstance(a, np.ndarray) and a.base is not None:
         a = a.base
     return a
+
+
+def caller_owned(v: np.ndarray, *protected: set) -> np.ndarray:
+    """The output array ``v`` as a run hands it to its caller: copied when its memory
+    is in one of the ``protected`` sets of root ids (feeds, constants, outputs already
+    handed out) or read-only (memory a kernel keeps), and when it is a view in another
+    layout (a Transpose's, a channels-last convolution's): onnxruntime returns
+    C-ordered arrays, and callers handing them to C code expect as much."""
+    r = id(array_root(v))
+    if not v.flags.writeable or not v.flags.c_contiguous or any(r in p for p in protected):
+        return v.copy()
+    return v

@@ -32,7 +32,7 @@ from .logs import session_logging
 from .optimizer import OptimizeContext, run_transforms
 from .options import RunOptions, SessionOptions
 from .partition import cpu_preferred_nodes
-from .plan import Plan, PlanBuilder, RunContext, array_root
+from .plan import Plan, PlanBuilder, RunContext, array_root, caller_owned
 from .plugins import resolve_providers
 from .providers import ExecutionProvider, HostDevice, group_io
 from .threads import ThreadSettings
@@ -467,13 +467,7 @@ class InferenceSession:
         for n in names:
             v = by_name[n]
             if isinstance(v, np.ndarray):
-                r = id(array_root(v))
-                # feeds, constants, another output, or memory a kernel keeps (read-only);
-                # and views in another layout (a Transpose's, a channels-last conv's):
-                # onnxruntime returns C-ordered arrays and callers handing them to C
-                # code expect as much
-                if r in protect or r in seen or not v.flags.writeable or not v.flags.c_contiguous:
-                    v = v.copy()
+                v = caller_owned(v, protect, seen)
                 seen.add(id(array_root(v)))
             result.append(v)
         return result
