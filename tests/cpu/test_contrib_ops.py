@@ -540,6 +540,46 @@ def test_qlinear_binary_table_equals_direct_computation(op_type, dt, a_shape, b_
 
 
 @pytest.mark.parametrize("dt", [np.uint8, np.int8])
+@pytest.mark.parametrize("op_type", ["QLinearAdd", "QLinearMul"])
+@pytest.mark.parametrize("const", ["a", "b"])
+@pytest.mark.parametrize("var_shape,const_shape", [((256, 7), (7,)), ((256, 3, 5), (3, 1)), ((256,), ()),
+                                                   ((4,), (3, 4))])
+@pytest.mark.parametrize("zero_points", [True, False])
+def test_qlinear_binary_constant_operand_equals_direct_computation(op_type, dt, const, var_shape, const_shape,
+                                                                  zero_points):
+    """A constant operand's float side is computed once and the other operand's steps
+    run directly (or, where the result outgrows the varying operand, the table is
+    used): the same bits as computing everything at run time, for every code of the
+    varying operand against every constant value."""
+    sa, za = _qparams(dt, 0.043)
+    sb, zb = _qparams(dt, 0.019)
+    sc, zc = _qparams(dt, 0.061 if op_type == "QLinearAdd" else 0.011)
+    if not zero_points:
+        za = zb = zc = None
+    params = {"sa": sa, "za": za, "sb": sb, "zb": zb, "sc": sc, "zc": zc}
+    codes = np.arange(256, dtype=np.uint8).view(dt)
+    var = np.resize(codes, var_shape).astype(dt)
+    fixed = q8(dt, *const_shape)
+    var_name = "b" if const == "a" else "a"
+    names = ["a", "sa", "za", "b", "sb", "zb", "sc", "zc"]
+    node = helper.make_node(op_type, [n if n in ("a", "b") or params[n] is not None else "" for n in names],
+                            ["y"], domain=MS)
+    consts = {k: v for k, v in params.items() if v is not None}
+    built = onnxrt.InferenceSession(
+        _model(node, {var_name: var}, [dt], {const: fixed, **consts}).SerializeToString(),
+        providers=["CPUExecutionProvider"])
+    kernel = built._built.plan.steps[0].fn.__self__
+    assert kernel.fixed is not None and kernel.fixed[0] == (0 if const == "a" else 3)
+    fed = onnxrt.InferenceSession(_model(node, {var_name: var, const: fixed, **consts}, [dt]).SerializeToString(),
+                                  providers=["CPUExecutionProvider"])
+    assert fed._built.plan.steps[0].fn.__self__.fixed is None
+    got = built.run(None, {var_name: var})[0]
+    want = fed.run(None, {var_name: var, const: fixed, **consts})[0]
+    assert got.dtype == want.dtype == np.dtype(dt) and got.shape == want.shape
+    np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("dt", [np.uint8, np.int8])
 @pytest.mark.parametrize(
     "op_type,attrs", [("QLinearSigmoid", {}), ("QLinearLeakyRelu", {"alpha": 0.15})]
 )

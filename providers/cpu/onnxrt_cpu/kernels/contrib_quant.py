@@ -98,9 +98,21 @@ def dequant(x, scale, zp, what="x") -> np.ndarray:
     return v
 
 
+def _centre_f32(q: np.ndarray, zero_point) -> np.ndarray:
+    """``q - zero_point`` as a new float32 array (exact for 8-bit codes).
+
+    A conversion then a float32 subtraction: numpy has no vector loop for a mixed
+    ``uint8 - float32`` subtraction, which took 12 us per 65k values against 5 + 3.5.
+    """
+    v = q.astype(_F32)
+    if zero_point:
+        v -= np.float32(zero_point)
+    return v
+
+
 def _dequant_f32(q: np.ndarray, zero_point, scale) -> np.ndarray:
-    """``(q - zero_point) * scale`` in float32, converting and centring in one pass."""
-    v = np.subtract(q, np.float32(zero_point), dtype=_F32) if zero_point else q.astype(_F32)
+    """``(q - zero_point) * scale`` in float32."""
+    v = _centre_f32(q, zero_point)
     v *= scale
     return v
 
@@ -168,7 +180,13 @@ class _QLinearBinary(Kernel):
     """QLinearAdd and QLinearMul. With constant scales and zero points the result of
     each pair of 8-bit codes is one of 65,536 values: the op is a lookup in a table
     computed once with the very float32 steps of the direct path (so the two are
-    bitwise equal), indexed by ``a << 8 | b`` (three passes instead of eight)."""
+    bitwise equal), indexed by ``a << 8 | b`` (three passes instead of eight).
+
+    When one operand is a constant too (a bias, a fixed scale factor), its float32
+    side of those steps is computed once, and the other operand's steps run directly:
+    fewer passes than the table's, and no random-access gather (a [256, 256] + [256]
+    QLinearAdd 57 us against 72 us; [8, 32, 32, 32] + [32] 192 us against 308 us).
+    """
 
     name = ""
 
@@ -176,6 +194,7 @@ class _QLinearBinary(Kernel):
         c = self.node.constants
         ins = self.node.inputs
         self.table = None
+        self.fixed = None  # (index of the constant operand: 0 or 3, its float32 side)
         dt = self.table_dtype = self.node.input_dtype(0)
         if dt not in (np.dtype(np.uint8), np.dtype(np.int8)) or self.node.input_dtype(3) != dt:
             return
@@ -191,8 +210,45 @@ class _QLinearBinary(Kernel):
         except ValueError:
             return  # the run reports it, with the node named
         self.table = v.reshape(-1)
+        self.params = _binary_inputs(codes, get(1), get(2), codes, get(4), get(5), get(6), get(7), self.name)
+        for i in (3, 0):
+            if i in c and c[i].dtype == dt:
+                sa, za, sb, zb, _, _, _ = self.params
+                scale, zp = (sb, zb) if i == 3 else (sa, za)
+                # QLinearAdd adds dequantized operands; QLinearMul multiplies centred ones
+                side = _dequant_f32(c[i], zp, scale) if self.name == "QLinearAdd" else _centre_f32(c[i], zp)
+                self.fixed = (i, c[i], side)
+                break
+
+    def _with_fixed(self, a, b):
+        """The direct steps with the constant operand's side precomputed, or None."""
+        i, const, side = self.fixed
+        x, y = (a, b) if i == 3 else (b, a)
+        if y is not const or x.dtype != self.table_dtype:
+            return None
+        try:
+            shape = np.broadcast_shapes(x.shape, side.shape)
+        except ValueError:
+            return None  # the direct path reports it
+        if shape != x.shape:
+            return None  # the result is larger than the varying operand: the table
+        sa, za, sb, zb, sc, zc, out = self.params
+        scale, zp = (sa, za) if i == 3 else (sb, zb)
+        if self.name == "QLinearAdd":
+            v = _dequant_f32(x, zp, scale)
+            v += side  # float addition is commutative: the same bits as a + b
+            v /= sc
+        else:
+            v = _centre_f32(x, zp)
+            v *= side
+            v *= np.float32(sa * sb / sc)
+        return requantize(v, zc, out, inplace=True)
 
     def run(self, a, a_scale, a_zero_point, b, b_scale, b_zero_point, c_scale, c_zero_point=None):
+        if self.fixed is not None:
+            y = self._with_fixed(a, b)
+            if y is not None:
+                return (y,)
         if self.table is not None and a.dtype == self.table_dtype and b.dtype == self.table_dtype:
             try:
                 shape = np.broadcast_shapes(a.shape, b.shape)
@@ -214,9 +270,7 @@ class _QLinearBinary(Kernel):
         if self.name == "QLinearAdd":
             v = _add_values(_dequant_f32(a, za, sa), _dequant_f32(b, zb, sb), sc)
         else:
-            ca = np.subtract(a, np.float32(za), dtype=_F32) if za else a.astype(_F32)
-            cb = np.subtract(b, np.float32(zb), dtype=_F32) if zb else b.astype(_F32)
-            v = _mul_values(ca, cb, np.float32(sa * sb / sc))
+            v = _mul_values(_centre_f32(a, za), _centre_f32(b, zb), np.float32(sa * sb / sc))
         return (requantize(v, zc, out, inplace=True),)
 
 
