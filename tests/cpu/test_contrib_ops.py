@@ -498,6 +498,19 @@ def test_qlinear_binary(op_type, dt):
     assert_same(got, exp, step=1)
 
 
+def _binary_node(op_type, dt, scales, zero_points):
+    """A QLinearAdd/QLinearMul node on inputs ``a`` and ``b``, and its scales and zero
+    points (``scales`` of A, B and C; zero points left out unless ``zero_points``)."""
+    (sa, za), (sb, zb), (sc, zc) = (_qparams(dt, s) for s in scales)
+    if not zero_points:
+        za = zb = zc = None
+    params = {"sa": sa, "za": za, "sb": sb, "zb": zb, "sc": sc, "zc": zc}
+    names = ["a", "sa", "za", "b", "sb", "zb", "sc", "zc"]
+    node = helper.make_node(op_type, [n if n in ("a", "b") or params[n] is not None else "" for n in names],
+                            ["y"], domain=MS)
+    return node, {k: v for k, v in params.items() if v is not None}
+
+
 @pytest.mark.parametrize("dt", [np.uint8, np.int8])
 @pytest.mark.parametrize("op_type", ["QLinearAdd", "QLinearMul"])
 @pytest.mark.parametrize(
@@ -508,17 +521,9 @@ def test_qlinear_binary_table_equals_direct_computation(op_type, dt, a_shape, b_
     """With constant scales QLinearAdd/QLinearMul look the result up in a 65,536-entry
     table; with scales fed at run time they compute it. Both give the same bits, for
     every pair of codes, broadcasting and absent zero points included."""
-    sa, za = _qparams(dt, 0.05)
-    sb, zb = _qparams(dt, 0.021)
-    sc, zc = _qparams(dt, 0.07 if op_type == "QLinearAdd" else 0.013)
-    if not zero_points:
-        za = zb = zc = None
-    params = {"sa": sa, "za": za, "sb": sb, "zb": zb, "sc": sc, "zc": zc}
+    node, consts = _binary_node(op_type, dt, (0.05, 0.021, 0.07 if op_type == "QLinearAdd" else 0.013),
+                                zero_points)
     a, b = q8(dt, *a_shape), q8(dt, *b_shape)
-    names = ["a", "sa", "za", "b", "sb", "zb", "sc", "zc"]
-    node = helper.make_node(op_type, [n if n in ("a", "b") or params[n] is not None else "" for n in names],
-                            ["y"], domain=MS)
-    consts = {k: v for k, v in params.items() if v is not None}
 
     def both(a, b):
         """(the table path's result, the direct path's) for inputs ``a`` and ``b``."""
@@ -551,20 +556,12 @@ def test_qlinear_binary_constant_operand_equals_direct_computation(op_type, dt, 
     run directly (or, where the result outgrows the varying operand, the table is
     used): the same bits as computing everything at run time, for every code of the
     varying operand against every constant value."""
-    sa, za = _qparams(dt, 0.043)
-    sb, zb = _qparams(dt, 0.019)
-    sc, zc = _qparams(dt, 0.061 if op_type == "QLinearAdd" else 0.011)
-    if not zero_points:
-        za = zb = zc = None
-    params = {"sa": sa, "za": za, "sb": sb, "zb": zb, "sc": sc, "zc": zc}
+    node, consts = _binary_node(op_type, dt, (0.043, 0.019, 0.061 if op_type == "QLinearAdd" else 0.011),
+                                zero_points)
     codes = np.arange(256, dtype=np.uint8).view(dt)
     var = np.resize(codes, var_shape).astype(dt)
     fixed = q8(dt, *const_shape)
     var_name = "b" if const == "a" else "a"
-    names = ["a", "sa", "za", "b", "sb", "zb", "sc", "zc"]
-    node = helper.make_node(op_type, [n if n in ("a", "b") or params[n] is not None else "" for n in names],
-                            ["y"], domain=MS)
-    consts = {k: v for k, v in params.items() if v is not None}
     built = onnxrt.InferenceSession(
         _model(node, {var_name: var}, [dt], {const: fixed, **consts}).SerializeToString(),
         providers=["CPUExecutionProvider"])
