@@ -211,14 +211,23 @@ class _QLinearBinary(Kernel):
             return  # the run reports it, with the node named
         self.table = v.reshape(-1)
         self.params = _binary_inputs(codes, get(1), get(2), codes, get(4), get(5), get(6), get(7), self.name)
-        for i in (3, 0):
+        sa, za, sb, zb = self.params[:4]
+        for i, zp, scale in ((3, zb, sb), (0, za, sa)):
             if i in c and c[i].dtype == dt:
-                sa, za, sb, zb, _, _, _ = self.params
-                scale, zp = (sb, zb) if i == 3 else (sa, za)
-                # QLinearAdd adds dequantized operands; QLinearMul multiplies centred ones
-                side = _dequant_f32(c[i], zp, scale) if self.name == "QLinearAdd" else _centre_f32(c[i], zp)
-                self.fixed = (i, c[i], side)
+                self.fixed = (i, c[i], self._side(c[i], zp, scale))
                 break
+
+    def _side(self, q, zp, scale):
+        """An operand's float32 part of the direct steps: QLinearAdd adds dequantized
+        operands, QLinearMul multiplies centred ones (and scales the product)."""
+        return _dequant_f32(q, zp, scale) if self.name == "QLinearAdd" else _centre_f32(q, zp)
+
+    def _combine(self, vx, vy, sa, sb, sc):
+        """The op on two operands' sides, divided by the output scale (in ``vx`` when
+        it has the result's shape; the operands commute bit for bit)."""
+        if self.name == "QLinearAdd":
+            return _add_values(vx, vy, sc)
+        return _mul_values(vx, vy, np.float32(sa * sb / sc))
 
     def _with_fixed(self, a, b):
         """The direct steps with the constant operand's side precomputed, or None."""
@@ -234,14 +243,9 @@ class _QLinearBinary(Kernel):
             return None  # the result is larger than the varying operand: the table
         sa, za, sb, zb, sc, zc, out = self.params
         scale, zp = (sa, za) if i == 3 else (sb, zb)
-        if self.name == "QLinearAdd":
-            v = _dequant_f32(x, zp, scale)
-            v += side  # float addition is commutative: the same bits as a + b
-            v /= sc
-        else:
-            v = _centre_f32(x, zp)
-            v *= side
-            v *= np.float32(sa * sb / sc)
+        # the varying side first: it has the result's shape, so the constant side is
+        # only read, never summed or multiplied into
+        v = self._combine(self._side(x, zp, scale), side, sa, sb, sc)
         return requantize(v, zc, out, inplace=True)
 
     def run(self, a, a_scale, a_zero_point, b, b_scale, b_zero_point, c_scale, c_zero_point=None):
@@ -267,10 +271,7 @@ class _QLinearBinary(Kernel):
         sa, za, sb, zb, sc, zc, out = _binary_inputs(
             a, a_scale, a_zero_point, b, b_scale, b_zero_point, c_scale, c_zero_point, self.name
         )
-        if self.name == "QLinearAdd":
-            v = _add_values(_dequant_f32(a, za, sa), _dequant_f32(b, zb, sb), sc)
-        else:
-            v = _mul_values(_centre_f32(a, za), _centre_f32(b, zb), np.float32(sa * sb / sc))
+        v = self._combine(self._side(a, za, sa), self._side(b, zb, sb), sa, sb, sc)
         return (requantize(v, zc, out, inplace=True),)
 
 
