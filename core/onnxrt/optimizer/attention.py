@@ -204,8 +204,8 @@ def _from_split(view: GraphView, q4: str, k_swapped: str, v4: str):
 def attention_fusion(graph, ctx) -> bool:
     """Fuse scaled dot-product self-attention into MultiHeadAttention or Attention."""
     view = GraphView(graph, ctx)
-    for sm in list(graph.nodes):
-        if sm.op_type != "Softmax" or sm.domain != "" or not view.free(sm) or sm.attr("axis", -1) not in (-1, 3):
+    for sm in view.candidates("Softmax"):
+        if sm.attr("axis", -1) not in (-1, 3):
             continue
         if sm.opset < 13 and sm.attr("axis") is None:
             continue  # the old default axis is 1

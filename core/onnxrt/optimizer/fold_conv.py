@@ -84,9 +84,7 @@ def _per_channel(view: GraphView, name: str, m: int, rank: int) -> np.ndarray | 
 def conv_bn_fusion(graph, ctx) -> bool:
     """Fold an inference BatchNormalization into the Conv before it."""
     view = GraphView(graph, ctx)
-    for bn in list(graph.nodes):
-        if bn.op_type != "BatchNormalization" or bn.domain != "" or not view.free(bn):
-            continue
+    for bn in view.candidates("BatchNormalization"):
         if len(bn.inputs) != 5 or any(o for o in bn.outputs[1:]) or bn.attr("training_mode", 0):
             continue
         conv = _foldable_conv(view, bn.inputs[0])
@@ -111,8 +109,8 @@ def _binary_fold(op_type: str, fold_side):
 
     def fuse(graph, ctx) -> bool:
         view = GraphView(graph, ctx)
-        for node in list(graph.nodes):
-            if node.op_type != op_type or node.domain != "" or len(node.inputs) != 2 or not view.free(node):
+        for node in view.candidates(op_type):
+            if len(node.inputs) != 2:
                 continue
             for side in (0, 1):
                 if fold_side(view, node, side):
@@ -147,9 +145,7 @@ conv_mul_fusion.__doc__ = "Fold a constant per-channel Mul into the Conv before 
 def matmul_add_fusion(graph, ctx) -> bool:
     """``MatMul(A, B) + C`` on 2-D operands -> ``Gemm(A, B, C)``."""
     view = GraphView(graph, ctx)
-    for mm in list(graph.nodes):
-        if mm.op_type != "MatMul" or mm.domain != "" or not view.free(mm):
-            continue
+    for mm in view.candidates("MatMul"):
         a_shape, b_shape = view.shape(mm.inputs[0]), view.shape(mm.inputs[1])
         if a_shape is None or b_shape is None or len(a_shape) != 2 or len(b_shape) != 2:
             continue

@@ -67,8 +67,8 @@ def _same_shape(a, b) -> bool:
 def conv_activation_fusion(graph, ctx) -> bool:
     """``act(Conv(...))`` and ``act(Conv(...) + z)`` -> com.microsoft FusedConv."""
     view = GraphView(graph, ctx)
-    for conv in list(graph.nodes):
-        if conv.op_type != "Conv" or conv.domain != "" or not view.free(conv) or len(conv.outputs) != 1:
+    for conv in view.candidates("Conv"):
+        if len(conv.outputs) != 1:
             continue
         y = conv.outputs[0]
         inputs = list(conv.inputs)
@@ -97,8 +97,8 @@ def conv_activation_fusion(graph, ctx) -> bool:
 def gemm_activation_fusion(graph, ctx) -> bool:
     """``act(Gemm(...))`` -> com.microsoft FusedGemm."""
     view = GraphView(graph, ctx)
-    for gemm in list(graph.nodes):
-        if gemm.op_type != "Gemm" or gemm.domain != "" or not view.free(gemm) or len(gemm.outputs) != 1:
+    for gemm in view.candidates("Gemm"):
+        if len(gemm.outputs) != 1:
             continue
         act, params = _activation_after(view, gemm.outputs[0])
         if act is None or act.op_type == "Clip":

@@ -97,9 +97,7 @@ def _float_input(view: GraphView, name: str) -> bool:
 def gelu_fusion(graph, ctx) -> bool:
     """The erf form of Gelu -> com.microsoft Gelu."""
     view = GraphView(graph, ctx)
-    for erf in list(graph.nodes):
-        if erf.op_type != "Erf" or erf.domain != "" or not view.free(erf):
-            continue
+    for erf in view.candidates("Erf"):
         d = view.producer(erf.inputs[0])
         x = scaled_by(view, d, "Div", math.sqrt(2.0)) or scaled_by(view, d, "Mul", 1.0 / math.sqrt(2.0))
         if x is None or not _float_input(view, x):
@@ -133,9 +131,7 @@ def _cube_of(view: GraphView, name: str, x: str):
 def fast_gelu_fusion(graph, ctx) -> bool:
     """The tanh approximation of Gelu -> com.microsoft FastGelu."""
     view = GraphView(graph, ctx)
-    for tanh in list(graph.nodes):
-        if tanh.op_type != "Tanh" or tanh.domain != "" or not view.free(tanh):
-            continue
+    for tanh in view.candidates("Tanh"):
         scale = view.producer(tanh.inputs[0])
         inner = scaled_by(view, scale, "Mul", math.sqrt(2.0 / math.pi))
         add = view.producer(inner or "", "Add")
@@ -168,9 +164,7 @@ def quick_gelu_fusion(graph, ctx) -> bool:
     """``x * Sigmoid(alpha * x)`` (with ``alpha = 1``: SiLU, or Swish) -> com.microsoft
     QuickGelu, as onnxruntime's QuickGeluFusion does: one node instead of two or three."""
     view = GraphView(graph, ctx)
-    for sig in list(graph.nodes):
-        if sig.op_type != "Sigmoid" or sig.domain != "" or not view.free(sig):
-            continue
+    for sig in view.candidates("Sigmoid"):
         mul = view.only_reader(sig.outputs[0], "Mul")
         if mul is None:
             continue
@@ -391,9 +385,7 @@ def _provably_same_shape(a, b) -> bool:
 def skip_layer_norm_fusion(graph, ctx) -> bool:
     """``LayerNormalization(a + b)`` over the last axis -> SkipLayerNormalization."""
     view = GraphView(graph, ctx)
-    for ln in list(graph.nodes):
-        if ln.op_type != "LayerNormalization" or ln.domain != "" or not view.free(ln):
-            continue
+    for ln in view.candidates("LayerNormalization"):
         if len(ln.outputs) > 1 and any(ln.outputs[1:]):
             continue
         shape = view.shape(ln.inputs[0])

@@ -62,6 +62,15 @@ class GraphView:
         """Whether ``node`` may still be matched in this scan."""
         return node is not None and id(node) not in self.touched and id(node) not in self.frozen
 
+    def candidates(self, op_types, domain: str = ""):
+        """The graph's nodes of ``op_types`` (a name or a collection of names) in
+        ``domain`` that are still free, in graph order; nodes added during the scan are
+        not visited, and a node is checked for freedom when its turn comes."""
+        wanted = {op_types} if isinstance(op_types, str) else set(op_types)
+        for node in list(self.graph.nodes):
+            if node.op_type in wanted and node.domain == domain and self.free(node):
+                yield node
+
     def producer(self, name: str, op_type: str | None = None, domain: str = ""):
         """The untouched node producing ``name`` (of ``op_type`` if given), or None."""
         n = self.producers.get(name)

@@ -204,8 +204,8 @@ def _io_ok(view: GraphView, *qs: _Quant) -> bool:
 def qdq_conv_fusion(graph, ctx) -> bool:
     """``Q(Conv(DQ(x), DQ(w) [, DQ(b)]))`` -> QLinearConv."""
     view = GraphView(graph, ctx)
-    for conv in list(graph.nodes):
-        if conv.op_type != "Conv" or conv.domain != "" or not view.free(conv) or len(conv.inputs) < 2:
+    for conv in view.candidates("Conv"):
+        if len(conv.inputs) < 2:
             continue
         p = conv.provider
         x = _dq(view, conv.inputs[0], p)
@@ -248,9 +248,7 @@ def qdq_matmul_fusion(graph, ctx) -> bool:
     """``Q(MatMul(DQ(a), DQ(b)))`` -> QLinearMatMul; ``MatMul(DQ(a), DQ(b))`` read as
     float -> com.microsoft MatMulIntegerToFloat."""
     view = GraphView(graph, ctx)
-    for mm in list(graph.nodes):
-        if mm.op_type != "MatMul" or mm.domain != "" or not view.free(mm):
-            continue
+    for mm in view.candidates("MatMul"):
         p = mm.provider
         a = _dq(view, mm.inputs[0], p)
         b = _dq(view, mm.inputs[1], p)
@@ -275,8 +273,8 @@ def qdq_matmul_fusion(graph, ctx) -> bool:
 def qdq_gemm_fusion(graph, ctx) -> bool:
     """``[Q](Gemm(DQ(a), DQ(b) [, DQ(c)]))`` -> com.microsoft QGemm."""
     view = GraphView(graph, ctx)
-    for gemm in list(graph.nodes):
-        if gemm.op_type != "Gemm" or gemm.domain != "" or not view.free(gemm) or len(gemm.inputs) < 2:
+    for gemm in view.candidates("Gemm"):
+        if len(gemm.inputs) < 2:
             continue
         if float(gemm.attr("beta", 1.0)) != 1.0 or int(gemm.attr("transA", 0)):
             continue
@@ -314,8 +312,8 @@ def qdq_gemm_fusion(graph, ctx) -> bool:
 def qdq_binary_fusion(graph, ctx) -> bool:
     """``Q(Add|Mul(DQ(a), DQ(b)))`` -> com.microsoft QLinearAdd/QLinearMul."""
     view = GraphView(graph, ctx)
-    for node in list(graph.nodes):
-        if node.op_type not in ("Add", "Mul") or node.domain != "" or not view.free(node) or len(node.inputs) != 2:
+    for node in view.candidates(("Add", "Mul")):
+        if len(node.inputs) != 2:
             continue
         p = node.provider
         a = _dq(view, node.inputs[0], p)
@@ -335,9 +333,7 @@ def qdq_binary_fusion(graph, ctx) -> bool:
 def qdq_pool_fusion(graph, ctx) -> bool:
     """``Q(GlobalAveragePool|AveragePool(DQ(x)))`` -> com.microsoft QLinear pooling."""
     view = GraphView(graph, ctx)
-    for node in list(graph.nodes):
-        if node.op_type not in ("GlobalAveragePool", "AveragePool") or node.domain != "" or not view.free(node):
-            continue
+    for node in view.candidates(("GlobalAveragePool", "AveragePool")):
         p = node.provider
         x = _dq(view, node.inputs[0], p)
         y = _q_after(view, node.outputs[0], p)
@@ -356,8 +352,8 @@ def qdq_drop_fusion(graph, ctx) -> bool:
     """``Q(op(DQ(x)))`` with equal scales and zero points, ``op`` moving values only:
     ``op`` reads the integers and writes ``Q``'s output."""
     view = GraphView(graph, ctx)
-    for node in list(graph.nodes):
-        if node.op_type not in _DATA_MOVEMENT or node.domain != "" or not view.free(node) or not node.inputs:
+    for node in view.candidates(_DATA_MOVEMENT):
+        if not node.inputs:
             continue
         if node.op_type == "MaxPool" and (len(node.outputs) > 1 and node.outputs[1]):
             continue
@@ -449,9 +445,7 @@ def qdq_lookup_fusion(graph, ctx) -> bool:
     and the table holds what the graph computes for each (int8 inputs are offset to
     non-negative indices, which numpy's take gathers several times faster)."""
     view = GraphView(graph, ctx)
-    for dqn in list(graph.nodes):
-        if dqn.op_type != "DequantizeLinear" or dqn.domain != "" or not view.free(dqn):
-            continue
+    for dqn in view.candidates("DequantizeLinear"):
         dq = _params(view, dqn)
         if dq is None or not dq.per_tensor or view.const(dq.value) is not None:
             continue
@@ -500,9 +494,7 @@ def dynamic_quant_matmul_fusion(graph, ctx) -> bool:
     """``Mul(Cast(MatMulInteger(DynamicQuantizeLinear(x), W)), x_scale * w_scale)
     [+ bias]`` -> com.microsoft DynamicQuantizeMatMul or MatMulIntegerToFloat."""
     view = GraphView(graph, ctx)
-    for mmi in list(graph.nodes):
-        if mmi.op_type != "MatMulInteger" or mmi.domain != "" or not view.free(mmi):
-            continue
+    for mmi in view.candidates("MatMulInteger"):
         p = mmi.provider
         ins = list(mmi.inputs) + [""] * (4 - len(mmi.inputs))
         dql = view.producer(ins[0], "DynamicQuantizeLinear")

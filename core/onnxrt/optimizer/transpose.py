@@ -31,9 +31,7 @@ def _perm(view: GraphView, t) -> list[int] | None:
 def transpose_cancellation(graph, ctx) -> bool:
     """Merge back-to-back Transposes; drop them where they cancel."""
     view = GraphView(graph, ctx)
-    for t2 in list(graph.nodes):
-        if t2.op_type != "Transpose" or t2.domain != "" or not view.free(t2):
-            continue
+    for t2 in view.candidates("Transpose"):
         t1 = view.producer(t2.inputs[0], "Transpose")
         if t1 is None:
             continue
