@@ -139,6 +139,47 @@ def test_fused_conv_matches_onnxruntime(name, x_shape, k, threads, monkeypatch):
     np.testing.assert_allclose(sess.run(None, {"x": x})[0], want, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("residual", [False, True])
+def test_expanding_1x1_conv_with_bias_in_the_product_matches_onnxruntime(residual):
+    """A 1x1 convolution to more channels than it reads carries its bias as one more
+    input row of ones; the residual and activation still follow, and a bias fed at
+    run time (a new array each run) is the one used."""
+    rng = np.random.default_rng(3)
+    c, m, hw = 24, 144, (28, 28)
+    w = (rng.standard_normal((m, c, 1, 1)) / np.sqrt(c)).astype(np.float32)
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"])]
+    inputs = [
+        helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, c, *hw]),
+        helper.make_tensor_value_info("b", TensorProto.FLOAT, [m]),
+    ]
+    last = "c"
+    if residual:
+        nodes.append(helper.make_node("Add", ["c", "z"], ["s"]))
+        inputs.append(helper.make_tensor_value_info("z", TensorProto.FLOAT, [1, m, *hw]))
+        last = "s"
+    nodes.append(helper.make_node("Clip", [last, "lo", "hi"], ["y"]))
+    inits = [
+        numpy_helper.from_array(w, "w"),
+        numpy_helper.from_array(np.array(0, np.float32), "lo"),
+        numpy_helper.from_array(np.array(6, np.float32), "hi"),
+    ]
+    model = make_model(nodes, inputs, [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    model = model.SerializeToString()
+    sess = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
+    assert any(r["op_type"] == "FusedConv" for r in sess.get_provider_assignment())
+    ref = rt.InferenceSession(model, providers=["CPUExecutionProvider"])
+    for seed in (4, 5):
+        r = np.random.default_rng(seed)
+        feeds = {"x": (3 * r.standard_normal((1, c, *hw))).astype(np.float32),
+                 "b": (3 * r.standard_normal(m)).astype(np.float32)}
+        if residual:
+            feeds["z"] = r.standard_normal((1, m, *hw)).astype(np.float32)
+        got, = sess.run(None, feeds)
+        want, = ref.run(None, feeds)
+        assert 0 < (got == 6).mean() < 0.5 and 0 < (got == 0).mean() < 0.9  # both bounds bite
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
 def test_conv_without_constant_weight_matches_onnxruntime():
     """A weight fed at run time (not prepacked) takes the same paths."""
     model = make_model(
