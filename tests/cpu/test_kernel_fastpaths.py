@@ -526,3 +526,42 @@ def test_large_gelu_split_over_threads_is_bitwise_the_serial_one():
     np.testing.assert_array_equal(one, two)
     want = np.array([0.5 * v * (1 + math.erf(v / math.sqrt(2))) for v in x.ravel()[:2000].astype(np.float64)])
     np.testing.assert_allclose(two.ravel()[:2000], want, rtol=1e-5, atol=1e-6)
+
+
+def _softmax_regimes():
+    """Logits of [6, 4, 8, 32] in the regimes that keep or leave the unshifted path."""
+    rng = np.random.default_rng(5)
+    base = rng.standard_normal((6, 4, 8, 32)).astype(np.float32) * 3
+    big = base.copy()
+    big[2, 1, 3] += 200  # one row's exp overflows float32 unshifted
+    low = base.copy()
+    low[4, 0, 5] -= 1000  # one row's exp underflows entirely unshifted
+    masked = base.copy()
+    masked[..., 20:] = -10000  # attention padding: those terms underflow, rows do not
+    inf = base.copy()
+    inf[1, 2, 0, 7] = np.inf
+    inf[3, 3, 3] = -np.inf  # a row with no finite logit
+    nan = base.copy()
+    nan[0, 0, 0, 0] = np.nan
+    return {"plain": base, "overflow row": big, "underflow row": low, "masked": masked,
+            "infinities": inf, "nan": nan}
+
+
+@pytest.mark.parametrize("regime", list(_softmax_regimes()))
+def test_softmax_unshifted_path_and_its_fallbacks_match_onnxruntime(regime):
+    """Softmax over short rows takes exp unshifted when every row sum stays in range,
+    and shifts by the row maximum otherwise: both give onnxruntime's probabilities."""
+    from onnxrt_cpu.kernels.rows import unshifted_softmax
+
+    x = _softmax_regimes()[regime]
+    model = make_model(
+        [helper.make_node("Softmax", ["x"], ["y"], axis=-1)],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x.shape))],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+    ).SerializeToString()
+    want, = rt.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    got, = ort.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+    assert np.array_equal(np.isnan(got), np.isnan(want))
+    takes_unshifted = unshifted_softmax(x) is not None
+    assert takes_unshifted == (regime in ("plain", "masked"))

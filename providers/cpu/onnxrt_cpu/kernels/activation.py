@@ -17,7 +17,7 @@ from onnxrt.kernel import Kernel
 
 from ..registry import op
 from .math import erf, is_low_float
-from .rows import row_max, row_sum
+from .rows import row_max, row_sum, softmax_rows
 from .select import relu as _relu
 
 _F32 = np.dtype(np.float32)
@@ -333,6 +333,8 @@ class Softmax(_Normalize):
     def _apply(self, x, axis):
         if x.size == 0:
             return x.copy()
+        if axis == x.ndim - 1 and x.dtype in (np.float32, np.float64):
+            return softmax_rows(x)
         with np.errstate(invalid="ignore", over="ignore", under="ignore"):
             y = x - _amax(x, axis)
             np.exp(y, out=y)

@@ -20,7 +20,7 @@ from onnxrt.kernel import Kernel
 
 from ..parallel import matmul_nd
 from ..registry import op
-from .rows import row_max, row_sum
+from .rows import row_max, row_sum, unshifted_softmax
 
 __all__ = ["Attention", "RotaryEmbedding", "LinearAttention", "CausalConvWithState", "FlexAttention"]
 
@@ -37,11 +37,14 @@ _PRECISION = {
 }
 
 
-def _softmax_inplace(s: np.ndarray) -> np.ndarray:
-    """Numerically stable softmax over the last axis, overwriting ``s``.
+def _softmax_last_axis(s: np.ndarray) -> np.ndarray:
+    """Numerically stable softmax over the last axis, in a new array or in ``s``.
 
     A row that is entirely ``-inf`` becomes all zeros.
     """
+    p = unshifted_softmax(s)
+    if p is not None:
+        return p
     m = row_max(s)
     m[~np.isfinite(m)] = 0
     s -= m
@@ -250,7 +253,7 @@ class Attention(Kernel):
         if sdt != s.dtype:
             s = s.astype(sdt)
         with np.errstate(invalid="ignore", over="ignore"):
-            p = _softmax_inplace(s)
+            p = _softmax_last_axis(s)
         if bias is not None:
             # rows whose bias masks every key attend nothing, whatever the logits were
             dead = np.isneginf(bias.max(axis=-1, keepdims=True))
@@ -558,7 +561,7 @@ class FlexAttention(Kernel):
         if self.score_mod is not None:
             s = np.array(_call_modifier(self.score_mod, s, "score_mod", desc, outer, ctx), dtype=cdt, copy=True)
         with np.errstate(invalid="ignore", over="ignore"):
-            p = _softmax_inplace(s)
+            p = _softmax_last_axis(s)
         if self.prob_mod is not None:
             p = _call_modifier(self.prob_mod, p, "prob_mod", desc, outer, ctx)
         y = _grouped_matmul(p, v.astype(cdt, copy=False), groups)

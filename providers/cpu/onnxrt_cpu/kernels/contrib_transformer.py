@@ -21,7 +21,7 @@ from ..parallel import matmul_nd, parallel_for, thread_count
 from ..registry import op
 from .activation import _sigmoid
 from .math import erf
-from .rows import row_max, row_mean, row_sum
+from .rows import row_mean, row_sum, softmax_rows
 
 __all__ = [
     "Attention",
@@ -312,13 +312,6 @@ def _take(table, ids, what, name):
 # -- attention ----------------------------------------------------------------------------------
 
 
-def _softmax_last(x):
-    x -= row_max(x)
-    np.exp(x, out=x)
-    x /= row_sum(x)
-    return x
-
-
 def _key_mask(mask, b, s, total, past, filt, name, allow_4d=True):
     """The additive mask for onnxruntime's mask formats, or ``None``: ``[B, 1, 1, T]``
     for masks over keys only (1-D and 2-D), ``[B, 1, S, T]`` otherwise; it broadcasts
@@ -379,7 +372,7 @@ def _sdpa(q, k, v, scale, add_mask, attention_bias, causal, past, filt, name):
             raise ValueError(
                 f"{name}: attention_bias of shape {attention_bias.shape} does not broadcast to {scores.shape}"
             ) from None
-    probs = _softmax_last(scores)
+    probs = softmax_rows(scores)
     return matmul_nd(probs, v), probs
 
 
