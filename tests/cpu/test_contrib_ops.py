@@ -129,6 +129,34 @@ def test_gelu_family(dt):
     assert_same(*run_both("QuickGelu", {"x": x}, out_types=[dt], alpha=1.2), **tol)
 
 
+def test_gelu_over_the_whole_float32_range_matches_the_exact_function_and_onnxruntime():
+    """float32 Gelu (erf as a tanh of a fitted odd polynomial) on a dense grid of
+    [-12, 12], on magnitudes up to float32's largest and on the special values."""
+    import math
+
+    dense = np.linspace(-12, 12, 240_001)
+    wide = np.geomspace(1e-30, 3.4e38, 4001)
+    x = np.concatenate([dense, wide, -wide]).astype(np.float32)
+    (got,) = onnxrt.InferenceSession(
+        _model(helper.make_node("Gelu", ["x"], ["y"], domain=MS), {"x": x}, [np.float32]),
+        providers=["CPUExecutionProvider"],
+    ).run(None, {"x": x})
+    xd = x.astype(np.float64)
+    exact = np.array([0.5 * v * math.erfc(-v / math.sqrt(2)) for v in xd])
+    assert np.isfinite(got).all()
+    np.testing.assert_allclose(got, exact, rtol=1e-6, atol=6e-7)
+    # beyond the fit the result is x, or a zero of x's sign, exactly
+    big = np.abs(x) >= 6
+    np.testing.assert_array_equal(got[big], np.where(x[big] > 0, x[big], 0))
+    assert_same(*run_both("Gelu", {"x": x}, out_types=[np.float32]), rtol=1e-5, atol=1e-6)
+    special = np.array([np.inf, np.nan, 0.0, -0.0], np.float32)
+    (sp,) = onnxrt.InferenceSession(
+        _model(helper.make_node("Gelu", ["x"], ["y"], domain=MS), {"x": special}, [np.float32]),
+        providers=["CPUExecutionProvider"],
+    ).run(None, {"x": special})
+    assert sp[0] == np.inf and np.isnan(sp[1]) and sp[2] == 0 and sp[3] == 0
+
+
 # -- normalizations --------------------------------------------------------------------------
 
 

@@ -53,11 +53,35 @@ def _back(y: np.ndarray, dt) -> np.ndarray:
 _GELU_SPLIT = 1 << 18
 
 
+# erf(x / sqrt(2)) as tanh(x * P(x**2)) for float32 Gelu. P, of degree 6, is a
+# weighted least-squares fit of atanh(erf(x / sqrt(2))) / x on [0, 5.5], with the
+# weights pushed towards an equal-ripple error in erf. Gelu computed this way in
+# float32 is within 5.7e-7 of the exact one on [-12, 12] (the rational erf before
+# it: 1.4e-6), and beyond 5.5 the argument of tanh exceeds 9.08, so tanh is exactly
+# +-1 there and Gelu is x or 0. tanh is a single vectorized pass, so this takes 19
+# passes over the data against 28 for the rational erf (65,536 values: 146 -> 120 us).
+_GELU_TANH_P = (1.7563152978619428e-09, -1.322680920256349e-07, 3.9647985920779445e-06,
+                -5.530645896847896e-05, -3.259441598169052e-05, 0.03633308413099426,
+                0.7978849415467002)
+
+
 def _gelu_erf(x: np.ndarray) -> np.ndarray:
-    y = erf(x * x.dtype.type(1.0 / math.sqrt(2.0)))
+    f = x.dtype.type
+    if x.dtype != np.float32:
+        y = erf(x * f(1.0 / math.sqrt(2.0)))
+    else:
+        z = x * x
+        y = z * f(_GELU_TANH_P[0])
+        for c in _GELU_TANH_P[1:-1]:
+            y += f(c)
+            y *= z
+        y += f(_GELU_TANH_P[-1])
+        y *= x
+        np.tanh(y, out=y)
     y += 1
+    # halved before x multiplies it, so that x near float's maximum does not overflow
+    y *= f(0.5)
     y *= x
-    y *= x.dtype.type(0.5)
     return y
 
 
