@@ -42,6 +42,7 @@ __all__ = [
     "ThreadSettings",
     "current_thread_count",
     "limit_blas_threads",
+    "blas_architectures",
     "blas_threads",
 ]
 
@@ -164,6 +165,17 @@ def _after_fork_in_child() -> None:  # pragma: no cover - exercised only in fork
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def blas_architectures() -> list[str]:
+    """The kernel set each loaded BLAS library chose or was told to use (OpenBLAS's
+    core name, such as ``"Haswell"`` or ``"SkylakeX"``); empty where it says none."""
+    out = []
+    for c in _blas_controllers():
+        arch = getattr(c.controller, "architecture", None)
+        if arch:
+            out.append(str(arch))
+    return out
 
 
 def blas_threads() -> list[int]:

@@ -565,3 +565,18 @@ def test_softmax_unshifted_path_and_its_fallbacks_match_onnxruntime(regime):
     assert np.array_equal(np.isnan(got), np.isnan(want))
     takes_unshifted = unshifted_softmax(x) is not None
     assert takes_unshifted == (regime in ("plain", "masked"))
+
+
+@pytest.mark.parametrize("archs,mflops", [(["SkylakeX"], 24), (["Cooperlake"], 24), (["Haswell"], 12), ([], 12)])
+def test_split_threshold_doubles_with_avx512_blas_kernels(archs, mflops, monkeypatch):
+    """Products are split over threads from 12M multiply-adds, or 24M where the BLAS
+    library's kernels run twice as fast; the threshold in effect is the one for the
+    BLAS this process loaded."""
+    import onnxrt.threads as threads
+
+    monkeypatch.setattr(threads, "blas_architectures", lambda: archs)
+    assert parallel._min_flops() == mflops << 20
+    monkeypatch.undo()
+    loaded = threads.blas_architectures()
+    assert all(isinstance(a, str) and a for a in loaded)
+    assert parallel.PARALLEL_MIN_FLOPS == parallel._min_flops()

@@ -25,12 +25,31 @@ from onnxrt.threads import current_thread_count
 
 __all__ = ["PARALLEL_MIN_FLOPS", "matmul", "matmul_nd", "parallel_for", "thread_count"]
 
-#: Below this many multiply-adds a product runs on the calling thread alone. Handing
-#: work to another thread costs a wake-up, and every later hand-over of the GIL
-#: between the two threads another: on a 2-core virtual machine about 45 us each, and
-#: a split product took its serial time / 2 + about 110 us. Below 8M multiply-adds
-#: (about 150 us of single-core SGEMM) splitting lost, above 16M it won.
-PARALLEL_MIN_FLOPS = 12 << 20
+# OpenBLAS kernel sets whose single-precision GEMM uses AVX-512: about twice as many
+# multiply-adds per core and second as the AVX2 (Haswell, Zen) ones.
+_AVX512_KERNELS = frozenset({"skylakex", "cooperlake", "sapphirerapids"})
+
+
+def _min_flops() -> int:
+    """Handing work to another thread costs a wake-up, and every later hand-over of
+    the GIL between the two threads another: on a 2-core virtual machine about 45 us
+    each, and a split product took its serial time / 2 + about 110 us. A split pays
+    once the serial product takes about 250 us: with AVX2 kernels, below 8M
+    multiply-adds splitting lost and above 16M it won; with AVX-512 kernels 16M lost
+    (181 -> 212-223 us for [1024, 64] x [64, 256]), 24M tied and 32M won
+    (357 -> 316-323 us)."""
+    try:
+        from onnxrt.threads import blas_architectures
+
+        fast = any(a.lower() in _AVX512_KERNELS for a in blas_architectures())
+    except Exception:  # pragma: no cover - no BLAS information at all
+        fast = False
+    return (24 if fast else 12) << 20
+
+
+#: Below this many multiply-adds a product runs on the calling thread alone (see
+#: :func:`_min_flops`; it depends on the kernels the BLAS library uses).
+PARALLEL_MIN_FLOPS = _min_flops()
 
 
 def thread_count() -> int:
