@@ -333,7 +333,7 @@ class Softmax(_Normalize):
     def _apply(self, x, axis):
         if x.size == 0:
             return x.copy()
-        if axis == x.ndim - 1 and x.dtype in (np.float32, np.float64):
+        if axis == x.ndim - 1:
             return softmax_rows(x)
         with np.errstate(invalid="ignore", over="ignore", under="ignore"):
             y = x - _amax(x, axis)

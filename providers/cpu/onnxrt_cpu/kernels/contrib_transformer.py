@@ -47,9 +47,10 @@ def _back(y: np.ndarray, dt) -> np.ndarray:
 # -- Gelu family ----------------------------------------------------------------------------
 
 
-#: From this many elements a Gelu is split over the kernel threads: its erf is some
-#: 25 numpy passes, long enough to pay for the hand-over (BERT-base's 393,216-value
-#: BiasGelu: 1.03 ms on one thread, 0.74 ms on two; more parts than threads was slower)
+#: From this many elements a Gelu is split over the kernel threads: it is some 20
+#: numpy passes, long enough to pay for the hand-over (measured with the earlier
+#: 28-pass erf: BERT-base's 393,216-value BiasGelu, 1.03 ms on one thread, 0.74 ms on
+#: two; more parts than threads was slower)
 _GELU_SPLIT = 1 << 18
 
 

@@ -641,7 +641,8 @@ _ROWS_MAX_ELEMS = 1 << 24
 
 #: The strided im2col copy of one value, in multiply-adds of the GEMM that follows
 #: (a 7x7 stem's [8192, 147] columns: 266 us to gather, 250 us for the product with
-#: 16 channels), so that the split threshold counts the copy that a split shares too.
+#: 16 channels, on AVX-512 BLAS kernels; about 8 on AVX2 ones), so that the split
+#: threshold counts the copy that a split shares too.
 _IM2COL_COST = 16
 
 
@@ -717,10 +718,11 @@ class _IntConvBase(Kernel):
         rows_per_image = oh * ow
         out = np.empty((n * rows_per_image, self._rows_w.shape[1]), dtype=np.float32)
         threads = parallel.thread_count()
-        flops = n * rows_per_image * k * (self._rows_w.shape[1] + _IM2COL_COST)
+        # the product's multiply-adds and the im2col copy, in multiply-adds
+        work = n * rows_per_image * k * (self._rows_w.shape[1] + _IM2COL_COST)
         # one share of images per thread: more, smaller shares hand the GIL over more
         # often (a 7x7 stem of 8 images: 332 us in two shares, 360 in four)
-        parts = 1 if threads <= 1 or flops < parallel.PARALLEL_MIN_FLOPS else min(n, threads)
+        parts = 1 if threads <= 1 or work < parallel.PARALLEL_MIN_FLOPS else min(n, threads)
         cuts = [n * i // parts for i in range(parts + 1)]
 
         def part(i):
