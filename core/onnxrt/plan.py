@@ -17,6 +17,7 @@ import numpy as np
 
 from .errors import Fail, InvalidArgument, OnnxRtError, RuntimeException
 from .limits import _limit
+from .shape_memo import memoized_steps
 
 __all__ = ["Step", "Plan", "PlanBuilder", "RunContext"]
 
@@ -41,6 +42,9 @@ class Step:
     #: copy steps: the devices the value moves between (device-resident IOBinding reads them)
     src_device: Any = None
     dst_device: Any = None
+    #: the node's operator domain, and whether its outputs live in host memory
+    domain: str = ""
+    host: bool = True
 
 
 class RunContext:
@@ -65,8 +69,12 @@ class Plan:
         output_slots: list[int],
         constants: dict[int, Any],
         max_bytes: int,
+        fast_steps: list[Step] | None = None,
     ):
         self.steps = tuple(steps)
+        #: what an unchecked run executes: :attr:`steps` with shape computations
+        #: memoized (:mod:`onnxrt.shape_memo`); profiled and checked runs take every step
+        self.fast_steps = tuple(fast_steps) if fast_steps is not None else self.steps
         self.n_slots = n_slots
         self.input_slots = input_slots
         self.outer_slots = outer_slots
@@ -104,7 +112,7 @@ class Plan:
         return [vals[s] for s in self.output_slots]
 
     def _loop(self, vals: list, ctx) -> None:
-        for step in self.steps:
+        for step in self.fast_steps:
             try:
                 if step.implicit:
                     outs = step.fn(*[vals[i] for i in step.ins], outer={n: vals[s] for n, s in step.implicit}, ctx=ctx)
@@ -167,9 +175,10 @@ class _Val:
 class PlanBuilder:
     """Assigns slots, inserts copies and computes last uses, then makes a :class:`Plan`."""
 
-    def __init__(self, host_device, max_bytes: int):
+    def __init__(self, host_device, max_bytes: int, memoize_shapes: bool = True):
         self.host = host_device
         self.max_bytes = max_bytes
+        self.memoize_shapes = memoize_shapes
         self.n_slots = 2
         self.vals: dict[str, _Val] = {}
         self.copies: dict[tuple[str, int], int] = {}
@@ -233,7 +242,7 @@ class PlanBuilder:
             self.copies[key] = s
         return s
 
-    def add_step(self, fn, inputs, outputs, device, node_name, op_type, provider, implicit=()) -> None:
+    def add_step(self, fn, inputs, outputs, device, node_name, op_type, provider, implicit=(), domain="") -> None:
         """A kernel call on ``device``; its outputs live there."""
         ins = tuple(self._read(i, device) for i in inputs)
         imp = tuple((n, self._read(n, self.host)) for n in implicit)
@@ -245,7 +254,8 @@ class PlanBuilder:
             s = self._new_slot()
             self.vals[o] = _Val(s, device)
             outs.append(s)
-        self.steps.append(Step(fn, ins, tuple(outs), (), node_name, op_type, provider, imp, output_names=tuple(outputs)))
+        self.steps.append(Step(fn, ins, tuple(outs), (), node_name, op_type, provider, imp,
+                               output_names=tuple(outputs), domain=domain, host=bool(device.is_host)))
 
     def build(self, output_names: list[str]) -> Plan:
         """Finish: outputs are read on the host; every other value is freed after its last use."""
@@ -253,24 +263,35 @@ class PlanBuilder:
         for o in output_names:
             out_slots.append(self._read(o, self.host))
         keep = set(out_slots) | set(self.constants) | {_NONE_SLOT}
-        last_use: dict[int, int] = {}
-        for idx, st in enumerate(self.steps):
-            for s in st.ins:
-                last_use[s] = idx
-            for _, s in st.implicit:
-                last_use[s] = idx
-            for s in st.outs:
-                last_use.setdefault(s, idx)
-                if s == _DISCARD_SLOT:
-                    last_use[s] = idx
-        frees: list[list[int]] = [[] for _ in self.steps]
-        for s, idx in last_use.items():
-            if s not in keep:
-                frees[idx].append(s)
-        for st, fr in zip(self.steps, frees):
-            st.free = tuple(sorted(set(fr)))
+        _set_frees(self.steps, keep)
+        fast = None
+        if self.memoize_shapes:
+            fixed = set(self.constants) - set(self.input_slots.values())
+            fast = memoized_steps(self.steps, fixed, set(out_slots), _NONE_SLOT, Step)
+            if fast is not None:
+                _set_frees(fast, keep)
         return Plan(self.steps, self.n_slots, self.input_slots, self.outer_slots, out_slots,
-                    self.constants, self.max_bytes)
+                    self.constants, self.max_bytes, fast)
+
+
+def _set_frees(steps: list[Step], keep: set[int]) -> None:
+    """Give each step the slots whose values are dead after it."""
+    last_use: dict[int, int] = {}
+    for idx, st in enumerate(steps):
+        for s in st.ins:
+            last_use[s] = idx
+        for _, s in st.implicit:
+            last_use[s] = idx
+        for s in st.outs:
+            last_use.setdefault(s, idx)
+            if s == _DISCARD_SLOT:
+                last_use[s] = idx
+    frees: list[list[int]] = [[] for _ in steps]
+    for s, idx in last_use.items():
+        if s not in keep:
+            frees[idx].append(s)
+    for st, fr in zip(steps, frees):
+        st.free = tuple(sorted(set(fr)))
 
 
 def _same_memory(a, b) -> bool:

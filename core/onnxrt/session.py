@@ -26,6 +26,7 @@ from .kernel import NodeInfo, decode_attribute
 from .heap import CONFIG_KEY as HEAP_CONFIG_KEY
 from .heap import tune_heap
 from .limits import CONFIG_KEY as LIMIT_CONFIG_KEY
+from .shape_memo import CONFIG_KEY as SHAPE_MEMO_CONFIG_KEY
 from .limits import limit_allocations
 from .load import check_versions, load_model
 from .logs import session_logging
@@ -325,7 +326,8 @@ class InferenceSession:
     def _compile(self, graph: Graph, built: _Built, info: "_NodeInfoFactory", top: bool) -> Plan:
         so = self._sess_options
         by_name = {p.name: p for p in built.providers}
-        builder = PlanBuilder(HostDevice(), self._max_bytes)
+        builder = PlanBuilder(HostDevice(), self._max_bytes,
+                              memoize_shapes=so._config.get(SHAPE_MEMO_CONFIG_KEY, "1").strip() != "0")
         overridable = set(graph.input_names()) if (self._ir_overridable or not top) else set()
         for vi in graph.inputs:
             if vi.name not in graph.initializers:
@@ -369,7 +371,7 @@ class InferenceSession:
             except Exception as e:  # noqa: BLE001
                 raise Fail(f"{p.name} could not build the kernel for {ni.describe()}: {type(e).__name__}: {e}") from e
             builder.add_step(kernel.run, node.inputs, node.outputs, p.device, node.name, node.op_type, p.name,
-                             implicit=ni.implicit_inputs)
+                             implicit=ni.implicit_inputs, domain=node.domain)
         return builder.build(graph.output_names())
 
     def _subgraph(self, sg: Graph, built: _Built, info) -> Subgraph:
