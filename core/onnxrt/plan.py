@@ -112,18 +112,7 @@ class Plan:
         return [vals[s] for s in self.output_slots]
 
     def _loop(self, vals: list, ctx) -> None:
-        for step in self.fast_steps:
-            try:
-                if step.implicit:
-                    outs = step.fn(*[vals[i] for i in step.ins], outer={n: vals[s] for n, s in step.implicit}, ctx=ctx)
-                else:
-                    outs = step.fn(*[vals[i] for i in step.ins])
-            except BaseException as e:  # noqa: BLE001 - re-raised with the node named
-                raise _wrap(e, step) from e
-            for s, v in zip(step.outs, outs):
-                vals[s] = v
-            for s in step.free:
-                vals[s] = None
+        run_steps(self.fast_steps, vals, ctx)
 
     def _loop_checked(self, vals: list, ctx: RunContext) -> None:
         ro = ctx.run_options
@@ -147,6 +136,23 @@ class Plan:
                 prof.node_event(step, t0, time.perf_counter_ns(), [vals[s] for s in step.outs])
             for s in step.free:
                 vals[s] = None
+
+
+def run_steps(steps, vals: list, ctx=None) -> None:
+    """Run ``steps`` over the slot list ``vals``: each reads its input slots, writes its
+    output slots and clears the slots dead after it (the unchecked run loop)."""
+    for step in steps:
+        try:
+            if step.implicit:
+                outs = step.fn(*[vals[i] for i in step.ins], outer={n: vals[s] for n, s in step.implicit}, ctx=ctx)
+            else:
+                outs = step.fn(*[vals[i] for i in step.ins])
+        except BaseException as e:  # noqa: BLE001 - re-raised with the node named
+            raise _wrap(e, step) from e
+        for s, v in zip(step.outs, outs):
+            vals[s] = v
+        for s in step.free:
+            vals[s] = None
 
 
 def _wrap(e: BaseException, step: Step) -> BaseException:

@@ -26,7 +26,6 @@ from .kernel import NodeInfo, decode_attribute
 from .heap import CONFIG_KEY as HEAP_CONFIG_KEY
 from .heap import tune_heap
 from .limits import CONFIG_KEY as LIMIT_CONFIG_KEY
-from .shape_memo import CONFIG_KEY as SHAPE_MEMO_CONFIG_KEY
 from .limits import limit_allocations
 from .load import check_versions, load_model
 from .logs import session_logging
@@ -36,6 +35,7 @@ from .partition import cpu_preferred_nodes
 from .plan import Plan, PlanBuilder, RunContext, array_root, caller_owned
 from .plugins import resolve_providers
 from .providers import ExecutionProvider, HostDevice, group_io
+from .shape_memo import CONFIG_KEY as SHAPE_MEMO_CONFIG_KEY
 from .threads import ThreadSettings
 from .wire import split_large_weights
 from .types import FeedChecker, NodeArg

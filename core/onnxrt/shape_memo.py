@@ -70,6 +70,8 @@ class ShapeSegment:
         self.keyed = keyed
         self.cache: dict[tuple, tuple] = {}
         self.enabled = True
+        # the plan's slot numbers index the local slot list a computation runs over
+        self._n_slots = 1 + max(ins + outs + tuple(s for st in self.steps for s in st.outs))
 
     def _key(self, args) -> tuple | None:
         parts = []
@@ -92,16 +94,12 @@ class ShapeSegment:
             hit = self.cache.get(key)
             if hit is not None:
                 return hit
-        local: dict[int, Any] = dict(zip(self.ins, args))
-        from .plan import _wrap
+        from .plan import run_steps  # plan imports this module
 
-        for st in self.steps:
-            try:
-                outs = st.fn(*[local[s] for s in st.ins])
-            except BaseException as e:  # noqa: BLE001 - re-raised with the node named
-                raise _wrap(e, st) from e
-            for s, v in zip(st.outs, outs):
-                local[s] = v
+        local: list[Any] = [None] * self._n_slots
+        for s, v in zip(self.ins, args):
+            local[s] = v
+        run_steps(self.steps, local)
         result = tuple(local[s] for s in self.outs)
         if key is not None:
             result = self._store(key, result)
@@ -150,13 +148,11 @@ def memoized_steps(steps: list, const_slots: set[int], kept_slots: set[int], non
                 seg_of[i] = max(anchors, default=-1)
         for s in st.outs:
             producer[s] = i
-    if not any(i != a for i, a in seg_of.items()):
-        # nothing but bare leaves: a Shape on its own gains nothing from a cache
-        return None
     members: dict[int, list[int]] = {}
     for i, a in seg_of.items():
         members.setdefault(a, []).append(i)
-    # a leaf with no pure step after it stays a plain step
+    # a leaf with no pure step after it stays a plain step: a Shape on its own gains
+    # nothing from a cache
     for a in [a for a, idx in members.items() if idx == [a]]:
         del members[a]
         del seg_of[a]
@@ -170,7 +166,9 @@ def memoized_steps(steps: list, const_slots: set[int], kept_slots: set[int], non
     segments: dict[int, Any] = {}
     for a, idx in members.items():
         idx.sort()
-        subs = [steps[i] for i in idx]
+        # copies that free nothing: the plan's free lists follow its own order, and a
+        # value last read by a step that moved into the segment may be read after it
+        subs = [replace(steps[i], free=()) for i in idx]
         made = {s for st in subs for s in st.outs}
         ins: list[int] = []
         for st in subs:

@@ -125,8 +125,9 @@ def test_profiled_runs_run_every_node():
     for _ in range(3):
         memo.run(None, {"x": x})
     import json
+    from pathlib import Path
 
-    events = json.load(open(memo.end_profiling()))
+    events = json.loads(Path(memo.end_profiling()).read_text())
     gathers = [e for e in events if e.get("cat") == "Node" and e["args"]["op_name"] == "Gather"]
     assert len(gathers) == 3 * 3
 
@@ -216,3 +217,29 @@ def test_threads_running_different_shapes_at_once_get_their_own_results():
     for t in threads:
         t.join()
     assert not errors, errors[0]
+
+
+def test_a_value_read_between_a_segment_and_a_step_moved_into_it_survives():
+    """``target`` is read by the Reshape, and last by a Mul after it that depends on the
+    Shape alone, so it moves into the Shape's segment: running the segment must not
+    drop ``target`` on the Mul's account before the Reshape has read it."""
+    g = helper.make_graph(
+        [
+            helper.make_node("Shape", ["x"], ["s"]),
+            helper.make_node("Concat", ["s", "one"], ["target"], axis=0),
+            helper.make_node("Reshape", ["x", "target"], ["y"]),
+            helper.make_node("Mul", ["target", "two"], ["doubled"]),
+        ],
+        "g", [helper.make_tensor_value_info("x", F, ["A", "B"])],
+        [helper.make_tensor_value_info("y", F, None), helper.make_tensor_value_info("doubled", I64, None)],
+        [_i64("one", [1]), _i64("two", 2)],
+    )
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+    memo = _session(model)
+    (seg,) = _segments(memo)
+    assert [st.op_type for st in seg.steps] == ["Shape", "Concat", "Mul"]
+    for shape in ((2, 3), (4, 1), (2, 3)):
+        x = np.arange(np.prod(shape), dtype=np.float32).reshape(shape)
+        y, doubled = memo.run(None, {"x": x})
+        np.testing.assert_array_equal(y, x.reshape(*shape, 1))
+        np.testing.assert_array_equal(doubled, [2 * shape[0], 2 * shape[1], 2])
