@@ -10,6 +10,8 @@ the first maximal tap per output.
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 
 from onnxrt.kernel import Kernel
@@ -93,6 +95,10 @@ def _reduce_taps(x, kernel, strides, dil, pb, out_sp, ufunc, fill):
     y, owned = x, False
     for a in range(nd):
         ax = y.ndim - nd + a
+        r = _reduce_axis_flat(y, ax, kernel[a], strides[a], dil[a], pb[a], out_sp[a], ufunc, fill)
+        if r is not None:
+            y, owned = r, True
+            continue
         lead = (slice(None),) * ax
         n, s_, o = y.shape[ax], strides[a], out_sp[a]
         taps = []
@@ -115,15 +121,73 @@ def _reduce_taps(x, kernel, strides, dil, pb, out_sp, ufunc, fill):
             if full and v is full[0]:
                 continue
             if not r_owned:
-                if lo == 0 and hi == o:
-                    r, r_owned = ufunc(r, v), True
-                    continue
-                r, r_owned = r.copy(order="K"), True
+                # the first combination writes a new array: the taps' part combined,
+                # the rest copied from the full tap (one pass, not a copy and a pass)
+                src, r, r_owned = r, np.empty_like(r), True
+                for a0, a1 in ((0, lo), (hi, o)):
+                    if a1 > a0:
+                        part = lead + (slice(a0, a1),)
+                        r[part] = src[part]
+                part = lead + (slice(lo, hi),)
+                ufunc(src[part], v, out=r[part])
+                continue
             dst = r[lead + (slice(lo, hi),)]
             ufunc(dst, v, out=dst)
         y, owned = r, r_owned or owned
     # a 1x1 window over no padding leaves a view of the input
     return y if owned else y.copy(order="K")
+
+
+def _reduce_axis_flat(y, ax, k, s, d, pb, o, ufunc, fill):
+    """One axis (``ax``) of :func:`_reduce_taps` on a C-contiguous ``y``, or None
+    where it does not apply (then the per-tap views run).
+
+    The rows of a feature map are short (7 to 56 values), and a ufunc over a strided
+    view pays its inner-loop set-up for every row or plane it crosses. Here the array
+    is taken as ``[outer, n, inner]`` and flattened: every tap of every output whose
+    window stays inside its ``n`` positions is one 1-D view of the flat array, offset
+    by the tap's distance times ``inner`` (and strided by ``s`` along the last axis),
+    so each tap is one long pass. Where such a view crosses into the next row or
+    plane, the window reaches into the padding; those few output positions are
+    recomputed from their in-range taps alone. Needs ``s == 1`` off the last axis,
+    and ``s`` dividing the row length with at most ``n / s`` outputs along it.
+    """
+    n = y.shape[ax]
+    inner = int(np.prod(y.shape[ax + 1 :], dtype=np.int64))
+    if not y.flags.c_contiguous or not y.size or n % s or o > n // s or (inner > 1 and s > 1):
+        return None
+    p = n // s  # output positions per row of the flat views; the first o are kept
+    outer = y.size // (n * inner)
+    flat = y.reshape(-1)
+    out = np.empty((outer, p, inner), dtype=y.dtype)
+    # outputs whose every tap lies inside the row
+    j0 = -(-pb // s)
+    last = n - 1 - (k - 1) * d + pb
+    j1 = min(o, last // s + 1) if last >= 0 else 0
+    if j1 > j0:
+        qa, qb = j0 * inner, ((outer - 1) * p + j1) * inner
+        length = (qb - qa - 1) * s + 1
+        views = [flat[qa * s + (t * d - pb) * inner :][:length:s] for t in range(k)]
+        dst = out.reshape(-1)[qa:qb]
+        if k == 1:
+            np.copyto(dst, views[0])
+        else:
+            ufunc(views[0], views[1], out=dst)
+            for v in views[2:]:
+                ufunc(dst, v, out=dst)
+    y3 = y.reshape(outer, n, inner)
+    for j in itertools.chain(range(min(j0, o)), range(max(j0, j1), o)):
+        taps = [c for c in (j * s + t * d - pb for t in range(k)) if 0 <= c < n]
+        dst = out[:, j]
+        if not taps:
+            dst.fill(fill)
+        elif len(taps) == 1:
+            dst[...] = y3[:, taps[0]]
+        else:
+            ufunc(y3[:, taps[0]], y3[:, taps[1]], out=dst)
+            for c in taps[2:]:
+                ufunc(dst, y3[:, c], out=dst)
+    return (out if o == p else out[:, :o]).reshape(y.shape[:ax] + (o,) + y.shape[ax + 1 :])
 
 
 def _lowest(dt):
@@ -196,18 +260,24 @@ class AveragePool(_PoolBase):
     def setup(self):
         super().setup()
         self.include_pad = int(self.attrs.get("count_include_pad", 0))
+        self._divisors = {}  # (spatial shape, dtype) -> the window sizes (about 20 us to build)
 
     def run(self, x):
         kernel, strides, dil, pb, pe, extra, out_sp = self._geom(x)
         cdt = compute_dtype(x.dtype)
+        key = (x.shape[2:], cdt)
+        div = self._divisors.get(key)
+        if div is None:
+            nd = len(kernel)
+            if self.include_pad:
+                counts = _axis_counts(x.shape[2:], kernel, strides, dil, pb, pb, pe, out_sp)
+            else:
+                counts = _axis_counts(x.shape[2:], kernel, strides, dil, pb, [0] * nd, [0] * nd, out_sp)
+            div = np.maximum(_outer(counts), 1).astype(cdt)
+            if len(self._divisors) < 16:
+                self._divisors[key] = div
         y = _reduce_taps(x.astype(cdt, copy=False), kernel, strides, dil, pb, out_sp, np.add, 0)
-        nd = len(kernel)
-        if self.include_pad:
-            counts = _axis_counts(x.shape[2:], kernel, strides, dil, pb, pb, pe, out_sp)
-        else:
-            counts = _axis_counts(x.shape[2:], kernel, strides, dil, pb, [0] * nd, [0] * nd, out_sp)
-        div = _outer(counts)
-        y /= np.maximum(div, 1).astype(cdt)
+        y /= div
         return (y.astype(x.dtype, copy=False),)
 
 
