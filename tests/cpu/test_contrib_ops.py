@@ -129,6 +129,25 @@ def test_gelu_family(dt):
     assert_same(*run_both("QuickGelu", {"x": x}, out_types=[dt], alpha=1.2), **tol)
 
 
+@pytest.mark.parametrize("alpha", [1.0, 1.702, 0.5])
+def test_quick_gelu_on_special_values_matches_onnxruntime(alpha):
+    """QuickGelu as ``x / (1 + exp(-alpha x))``: on infinities, NaN, signed zeros and
+    magnitudes where exp overflows it is the exact function rounded to float32, up to
+    results below 3e-37 in magnitude that come out as zeros of the right sign (as
+    onnxruntime's do), and agrees with onnxruntime."""
+    special = [0.0, -0.0, np.inf, -np.inf, np.nan, 1e30, -1e30, 100.0, -100.0, 88.0, -88.0, -104.0, 3e38, -3e38]
+    x = np.concatenate([np.array(special, np.float32), f32(50, scale=20)]).reshape(2, -1)
+    (got,), (theirs,) = run_both("QuickGelu", {"x": x}, alpha=alpha)
+    # exact from the float32 argument -alpha * x: rounding it is the input's own
+    # conditioning (a relative error of |alpha x| ulps in exp), not the kernel's
+    with np.errstate(over="ignore", invalid="ignore"):
+        arg = (x * np.float32(-alpha)).astype(np.float64)
+        exact = (x.astype(np.float64) / (1 + np.exp(arg))).astype(np.float32)
+    np.testing.assert_allclose(got, exact, rtol=1e-6, atol=3e-37)
+    assert np.array_equal(np.signbit(got), np.signbit(exact))
+    np.testing.assert_allclose(got, theirs, rtol=1e-5, atol=1e-5)
+
+
 def test_gelu_over_the_whole_float32_range_matches_the_exact_function_and_onnxruntime():
     """float32 Gelu (erf as a tanh of a fitted odd polynomial) on a dense grid of
     [-12, 12], on magnitudes up to float32's largest and on the special values."""
