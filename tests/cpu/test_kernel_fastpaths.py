@@ -511,6 +511,109 @@ def test_pooling_borders_match_onnxruntime(op_type, name, shape, attrs):
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
+def _windows_reference(x, kernel, strides, dil, pb, out_sp, ufunc, fill):
+    """The pooling reduction the plain way: a padded copy and every window's taps."""
+    nd = len(kernel)
+    sp = x.shape[-nd:]
+    pe = [max(0, (out_sp[i] - 1) * strides[i] + (kernel[i] - 1) * dil[i] + 1 - pb[i] - sp[i]) for i in range(nd)]
+    xp = np.full(x.shape[:-nd] + tuple(sp[i] + pb[i] + pe[i] for i in range(nd)), fill, dtype=x.dtype)
+    xp[(Ellipsis,) + tuple(slice(pb[i], pb[i] + sp[i]) for i in range(nd))] = x
+    y = None
+    for tap in np.ndindex(*kernel):
+        sl = tuple(slice(tap[i] * dil[i], tap[i] * dil[i] + (out_sp[i] - 1) * strides[i] + 1, strides[i])
+                   for i in range(nd))
+        v = xp[(Ellipsis,) + sl]
+        y = v.copy() if y is None else ufunc(y, v)
+    return y
+
+
+def test_pooling_flat_passes_match_every_window():
+    """Box pooling runs each tap of an axis as one pass over the flattened array
+    where it can (stride 1, or a stride dividing the last axis), recomputing the
+    outputs whose windows reach into the padding; random shapes, windows, strides,
+    dilations and pads (including windows wholly in the padding), float and uint8,
+    contiguous and channels-last inputs, give what reducing every window gives,
+    bit for bit; and the flat passes did run."""
+    from onnxrt_cpu.kernels import pool
+
+    rng = np.random.default_rng(11)
+    calls = {"flat": 0}
+    real = pool._reduce_axis_flat
+
+    def counting(*args):
+        r = real(*args)
+        calls["flat"] += r is not None
+        return r
+
+    pool._reduce_axis_flat = counting
+    try:
+        for i in range(300):
+            nd = 1 + i % 3
+            k = [int(v) for v in rng.integers(1, 5, nd)]
+            s = [int(v) for v in rng.integers(1, 3, nd)]
+            d = [int(v) for v in rng.integers(1, 3, nd)] if i % 5 == 0 else [1] * nd
+            pb = [int(rng.integers(0, k[j] + 1)) for j in range(nd)]
+            pe = [int(rng.integers(0, k[j] + 1)) for j in range(nd)]
+            sp = [int(v) for v in rng.integers(1, 12, nd)]
+            out_sp = [(sp[j] + pb[j] + pe[j] - (k[j] - 1) * d[j] - 1) // s[j] + 1 for j in range(nd)]
+            if min(out_sp) < 1:
+                continue
+            shape = [1 + i % 2, 3] + sp
+            if i % 3 == 2:
+                x = rng.integers(0, 256, shape).astype(np.uint8)
+                ufunc, fill = np.maximum, 0
+            else:
+                x = rng.standard_normal(shape).astype(np.float32)
+                ufunc, fill = (np.maximum, -np.inf) if i % 2 else (np.add, 0)
+            if i % 7 == 3 and nd == 2:  # an NCHW view of channels-last memory
+                x = np.ascontiguousarray(x.transpose(0, 2, 3, 1)).transpose(0, 3, 1, 2)
+            got = pool._reduce_taps(x, k, s, d, pb, out_sp, ufunc, fill)
+            want = _windows_reference(x, k, s, d, pb, out_sp, ufunc, fill)
+            assert got.shape == want.shape, (i, k, s, d, pb, pe, sp)
+            if ufunc is np.add:
+                # the flat passes sum in the per-tap order; the reference in window order
+                np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5, err_msg=str((i, k, s, d, pb, pe, sp)))
+            else:
+                np.testing.assert_array_equal(got, want, err_msg=str((i, k, s, d, pb, pe, sp)))
+    finally:
+        pool._reduce_axis_flat = real
+    assert calls["flat"] > 50  # 108 of the axes reduced, with this seed
+
+
+def test_batchnorm_with_overridable_parameters_folds_only_its_own_arrays():
+    """BatchNormalization whose parameters are initializers listed as graph inputs
+    (overridable, so not constants) keeps the fold of the session's own arrays across
+    runs, and never that of a fed array, which the caller may change in place."""
+    rng = np.random.default_rng(4)
+    c = 6
+    params = {
+        "scale": rng.uniform(0.5, 2, c), "bias": rng.standard_normal(c),
+        "mean": rng.standard_normal(c), "var": rng.uniform(0.5, 2, c),
+    }
+    inits = [numpy_helper.from_array(v.astype(np.float32), k) for k, v in params.items()]
+    model = make_model(
+        [helper.make_node("BatchNormalization", ["x", "scale", "bias", "mean", "var"], ["y"])],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, c, 5, 5])]
+        + [helper.make_tensor_value_info(k, TensorProto.FLOAT, [c]) for k in params],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        inits,
+    ).SerializeToString()
+    x = rng.standard_normal((2, c, 5, 5)).astype(np.float32)
+    ours = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
+    ref = rt.InferenceSession(model, providers=["CPUExecutionProvider"])
+
+    def check(feeds):
+        np.testing.assert_allclose(ours.run(None, feeds)[0], ref.run(None, feeds)[0], rtol=1e-5, atol=1e-5)
+
+    check({"x": x})
+    check({"x": x})
+    fed = (params["scale"] * 3).astype(np.float32)
+    check({"x": x, "scale": fed})
+    fed *= -1  # the same array, changed in place
+    check({"x": x, "scale": fed})
+    check({"x": x})
+
+
 def test_large_gelu_split_over_threads_is_bitwise_the_serial_one():
     """A Gelu of 2**18 values or more is computed in one part per kernel thread."""
     import math
