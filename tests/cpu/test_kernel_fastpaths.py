@@ -580,6 +580,62 @@ def test_pooling_flat_passes_match_every_window():
     assert calls["flat"] > 50  # 108 of the axes reduced, with this seed
 
 
+def _channels_last_view(x):
+    """``x`` (NCHW) as an NCHW view of channels-last memory."""
+    return np.ascontiguousarray(np.moveaxis(x, 1, -1)).transpose(0, x.ndim - 1, *range(1, x.ndim - 1))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16])
+@pytest.mark.parametrize("shape", [(2, 5, 7, 7), (1, 64, 13), (2, 3, 4, 5, 6), (1, 1, 1, 1)])
+@pytest.mark.parametrize("layout", ["nchw", "channels-last", "strided"])
+def test_global_average_pool_as_products_with_ones(dtype, shape, layout):
+    """GlobalAveragePool sums each map as a product with ones (NCHW or channels-last
+    memory) and falls back to ``np.mean`` for other layouts; all agree with it."""
+    from onnxrt_cpu.kernels.pool import global_average_pool
+
+    x = np.random.default_rng(2).standard_normal(shape).astype(dtype)
+    if layout == "channels-last":
+        x = _channels_last_view(x)
+    elif layout == "strided":
+        x = np.repeat(x, 2, axis=-1)[..., ::2]
+    got = global_average_pool(None, x)
+    want = np.mean(x.astype(np.float64), axis=tuple(range(2, x.ndim)), keepdims=True)
+    assert got.dtype == dtype and got.shape == want.shape
+    np.testing.assert_allclose(got, want, rtol=1e-3 if dtype == np.float16 else 1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("dtype", [np.uint8, np.int8])
+@pytest.mark.parametrize("layout", ["nchw", "channels-last", "nhwc"])
+@pytest.mark.parametrize("spatial", [(4, 4), (9, 11), (260, 260)])
+def test_qlinear_global_average_pool_float32_sums_are_exact(dtype, layout, spatial):
+    """QLinearGlobalAveragePool sums 8-bit maps in float32 where every partial sum is
+    an integer below 2**24 (and in float64 beyond): the result is the float64 sum's,
+    bit for bit, for NCHW, channels-last views and NHWC (``channels_last=1``)."""
+    from onnxrt_cpu.kernels import contrib_quant as cq
+
+    info = np.iinfo(dtype)
+    rng = np.random.default_rng(3)
+    if spatial[0] > 255:  # near the top of the range: uint8 sums pass 2**24 there
+        x = (info.max - rng.integers(0, 4, (2, 6, *spatial))).astype(dtype)
+    else:
+        x = rng.integers(info.min, info.max + 1, (2, 6, *spatial)).astype(dtype)
+    channels_last = 0
+    if layout == "channels-last":
+        x = _channels_last_view(x)
+    elif layout == "nhwc":
+        x, channels_last = np.ascontiguousarray(np.moveaxis(x, 1, -1)), 1
+    args = (x, np.float32(0.04), np.array(3, dtype), np.float32(0.01), np.array(-2 if dtype == np.int8 else 7, dtype))
+    got = cq.qlinear_global_average_pool(None, *args, channels_last=channels_last)
+    plane_sum = cq.plane_sum
+    cq.plane_sum = lambda v: None  # the float64 sum
+    try:
+        want = cq.qlinear_global_average_pool(None, *args, channels_last=channels_last)
+    finally:
+        cq.plane_sum = plane_sum
+    assert got.dtype == want.dtype and got.shape == want.shape
+    np.testing.assert_array_equal(got, want)
+
+
 def test_batchnorm_with_overridable_parameters_folds_only_its_own_arrays():
     """BatchNormalization whose parameters are initializers listed as graph inputs
     (overridable, so not constants) keeps the fold of the session's own arrays across

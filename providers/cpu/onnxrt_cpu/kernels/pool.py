@@ -19,6 +19,7 @@ from onnxrt.windows import pool_geometry
 
 from ..registry import op
 from .conv import compute_dtype, pad_spatial, spatial_attrs, tap_slices
+from .rows import plane_sum
 
 # Above this window extent on any axis, reduce a sliding-window view rather than looping over taps.
 _MAX_TAPS = 64
@@ -306,7 +307,12 @@ def _spatial_axes(x):
 def global_average_pool(k, x):
     ax = _spatial_axes(x)
     cdt = compute_dtype(x.dtype)
-    return np.mean(x, axis=ax, keepdims=True, dtype=cdt).astype(x.dtype, copy=False)
+    s = plane_sum(x.astype(cdt, copy=False))
+    if s is None:
+        return np.mean(x, axis=ax, keepdims=True, dtype=cdt).astype(x.dtype, copy=False)
+    # the sum divided by the count, as np.mean does
+    s /= cdt.type(x.size // max(1, x.shape[0] * x.shape[1]))
+    return s.reshape(x.shape[:2] + (1,) * len(ax)).astype(x.dtype, copy=False)
 
 
 @op("GlobalMaxPool", since=1)
