@@ -19,7 +19,7 @@ from onnxrt.kernel import Kernel
 
 from ..parallel import matmul_nd, parallel_for, thread_count
 from ..registry import op
-from .activation import _sigmoid
+from .activation import swish
 from .math import erf
 from .rows import row_mean, row_sum, softmax_rows
 
@@ -143,16 +143,7 @@ def fast_gelu(k, x, bias=None):
 @op("QuickGelu", since=1, domain=MS)
 def quick_gelu(k, x, *, alpha=1.702):
     """``x * sigmoid(alpha * x)``."""
-    v = _work(x)
-    with np.errstate(over="ignore", invalid="ignore"):
-        # x / (1 + exp(-alpha x)): four passes (the sigmoid and then a product took
-        # five or six) and one rounding fewer. exp overflows to inf only where the
-        # result is below 3e-37 in magnitude, and x / inf is then a zero of x's sign.
-        t = np.negative(v) if alpha == 1.0 else v * v.dtype.type(-alpha)
-        np.exp(t, out=t)
-        t += 1
-        y = np.divide(v, t, out=t)
-    return _back(y, x.dtype)
+    return _back(swish(np, _work(x), alpha), x.dtype)
 
 
 # -- layer normalizations ----------------------------------------------------------------------
