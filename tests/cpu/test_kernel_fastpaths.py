@@ -733,7 +733,7 @@ def test_split_threshold_doubles_with_avx512_blas_kernels(archs, mflops, monkeyp
     BLAS this process loaded."""
     import onnxrt.threads as threads
 
-    monkeypatch.setattr(threads, "blas_architectures", lambda: archs)
+    monkeypatch.setattr(parallel, "blas_architectures", lambda: archs)
     assert parallel._min_flops() == mflops << 20
     monkeypatch.undo()
     loaded = threads.blas_architectures()

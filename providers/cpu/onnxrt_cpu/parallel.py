@@ -21,7 +21,7 @@ import threading
 
 import numpy as np
 
-from onnxrt.threads import current_thread_count
+from onnxrt.threads import blas_architectures, current_thread_count
 
 __all__ = ["PARALLEL_MIN_FLOPS", "matmul", "matmul_nd", "parallel_for", "thread_count"]
 
@@ -39,8 +39,6 @@ def _min_flops() -> int:
     (181 -> 212-223 us for [1024, 64] x [64, 256]), 24M tied and 32M won
     (357 -> 316-323 us)."""
     try:
-        from onnxrt.threads import blas_architectures
-
         fast = any(a.lower() in _AVX512_KERNELS for a in blas_architectures())
     except Exception:  # pragma: no cover - no BLAS information at all
         fast = False

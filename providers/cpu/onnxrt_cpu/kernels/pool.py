@@ -11,6 +11,7 @@ the first maximal tap per output.
 from __future__ import annotations
 
 import itertools
+import math
 
 import numpy as np
 
@@ -311,7 +312,7 @@ def global_average_pool(k, x):
     if s is None:
         return np.mean(x, axis=ax, keepdims=True, dtype=cdt).astype(x.dtype, copy=False)
     # the sum divided by the count, as np.mean does
-    s /= cdt.type(x.size // max(1, x.shape[0] * x.shape[1]))
+    s /= cdt.type(math.prod(x.shape[2:]))
     return s.reshape(x.shape[:2] + (1,) * len(ax)).astype(x.dtype, copy=False)
 
 
