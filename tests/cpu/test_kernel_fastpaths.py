@@ -1,7 +1,7 @@
 """The CPU provider's fast paths give onnxruntime's answers, and threads behave.
 
 - Conv: every lowering (1x1 as a plain GEMM, banded im2col + GEMM, one band with the
-  product split over threads, grouped, depthwise through strided phases) at 1 and 2
+  product split over threads, grouped, depthwise through strided phases or on the input's row pitch) at 1 and 2
   kernel threads, against onnxruntime;
 - ``onnxrt_cpu.parallel``: ``parallel_for`` runs each chunk once and re-raises
   errors; the split matrix products equal ``np.matmul``;
@@ -60,11 +60,17 @@ CONVS = [
     ("5x5-stride2-asym", (2, 8, 37, 30), (16, 8, 5, 5), {"pads": [2, 1, 0, 2], "strides": [2, 2]}),
     ("dilated", (1, 16, 30, 30), (32, 16, 3, 3), {"dilations": [2, 2], "pads": [2, 1, 2, 3]}),
     ("grouped", (2, 32, 24, 24), (64, 8, 3, 3), {"group": 4, "pads": [1, 1, 1, 1]}),
+    ("grouped-1x1", (2, 32, 10, 10), (48, 8, 1, 1), {"group": 4}),
     ("depthwise", (1, 96, 56, 56), (96, 1, 3, 3), {"group": 96, "pads": [1, 1, 1, 1]}),
     ("depthwise-stride2", (2, 48, 57, 56), (48, 1, 3, 3), {"group": 48, "pads": [1, 1, 1, 1], "strides": [2, 2]}),
     ("depthwise-5x5-s2-dil", (1, 24, 41, 40), (24, 1, 5, 5),
      {"group": 24, "pads": [3, 4, 4, 3], "strides": [2, 3], "dilations": [2, 1]}),
     ("depthwise-same-lower", (1, 16, 15, 16), (16, 1, 4, 4), {"group": 16, "auto_pad": "SAME_LOWER", "strides": [2, 2]}),
+    # stride 1, output rows as wide as the input's: the taps read on the input's own row pitch
+    ("depthwise-rows-asym", (2, 20, 9, 11), (20, 1, 3, 5), {"group": 20, "pads": [0, 4, 2, 0]}),
+    ("depthwise-rows-dilated", (1, 24, 10, 6), (24, 1, 3, 3), {"group": 24, "pads": [2, 3, 2, 1], "dilations": [2, 2]}),
+    ("depthwise-rows-narrow", (1, 8, 5, 2), (8, 1, 5, 5), {"group": 8, "pads": [2, 2, 2, 2]}),
+    ("depthwise-rows-blocks", (1, 200, 40, 40), (200, 1, 3, 3), {"group": 200, "auto_pad": "SAME_UPPER"}),
     # batches of small images: channels-last im2col of several images per product
     ("batch-stem-7x7-s2", (8, 3, 64, 64), (16, 3, 7, 7), {"pads": [3, 3, 3, 3], "strides": [2, 2]}),
     ("batch-3x3", (8, 16, 16, 16), (32, 16, 3, 3), {"pads": [1, 1, 1, 1]}),
@@ -99,30 +105,32 @@ def test_conv_paths_match_onnxruntime(name, x_shape, w_shape, attrs, threads, mo
 
 FUSED = [
     # a batch of small images: channels-last product, transposed back, then finished
-    ("batch-3x3", (6, 16, 12, 12), 3),
+    ("batch-3x3", (6, 16, 12, 12), 3, 1),
     # one image, 1x1: the split product applies bias, residual and Relu part by part
-    ("1x1-split-rows", (1, 64, 4, 4), 1),
-    ("1x1-split-cols", (1, 16, 40, 40), 1),
+    ("1x1-split-rows", (1, 64, 4, 4), 1, 1),
+    ("1x1-split-cols", (1, 16, 40, 40), 1, 1),
     # one image in one band: the split product again
-    ("3x3-one-band", (1, 64, 7, 7), 3),
+    ("3x3-one-band", (1, 64, 7, 7), 3, 1),
+    # grouped 1x1: one batched product over the groups, finished per image
+    ("1x1-grouped", (2, 24, 9, 9), 1, 4),
 ]
 
 
 @pytest.mark.parametrize("threads", [1, 2])
-@pytest.mark.parametrize("name,x_shape,k", FUSED, ids=[f[0] for f in FUSED])
-def test_fused_conv_matches_onnxruntime(name, x_shape, k, threads, monkeypatch):
+@pytest.mark.parametrize("name,x_shape,k,group", FUSED, ids=[f[0] for f in FUSED])
+def test_fused_conv_matches_onnxruntime(name, x_shape, k, group, threads, monkeypatch):
     """Conv + residual Add + Relu fused (ORT_ENABLE_ALL): bias, residual and activation
     are applied after the product on every path, by the thread that made each part."""
     if threads > 1:
         monkeypatch.setattr(parallel, "PARALLEL_MIN_FLOPS", 1 << 12)
     rng = np.random.default_rng(0)
     c = x_shape[1]
-    w = (rng.standard_normal((c, c, k, k)) / (3 * k)).astype(np.float32)
+    w = (rng.standard_normal((c, c // group, k, k)) / (3 * k)).astype(np.float32)
     b = rng.standard_normal(c).astype(np.float32)
     p = k // 2
     model = make_model(
         [
-            helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[p, p, p, p]),
+            helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[p, p, p, p], group=group),
             helper.make_node("Add", ["c", "x"], ["s"]),
             helper.make_node("Relu", ["s"], ["y"]),
         ],

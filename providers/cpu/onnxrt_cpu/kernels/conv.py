@@ -311,6 +311,20 @@ def _conv_forward(x, wp: _ConvWeights, strides, dilations, pb, pe, out_sp, bias=
         if n * g == 1:
             parallel.matmul(wp.gemm[0], xv[0], out=yv[0], epilogue=epilogue_for(0, 0))
             return y
+        if g > 1 and flops < parallel.PARALLEL_MIN_FLOPS:
+            # one batched product over the groups and one epilogue per image, not a
+            # product and an epilogue per group (ShuffleNet's 4 groups of 68
+            # channels at 14x14 with Relu: 157 -> 137 us a node)
+            for i in range(n):
+                out = yv[i]
+                np.matmul(wp.gemm, xv[i].reshape(g, cg, L), out=out.reshape(g, mg, L))
+                if bcol is not None:
+                    out += bcol
+                if zv is not None:
+                    out += zv[i]
+                if activation is not None:
+                    activation(out)
+            return y
         jobs = [(i, gi) for i in range(n) for gi in range(g)]
 
         def unit_job(j):
@@ -528,6 +542,9 @@ def _depthwise(x, wp, strides, dilations, pb, pe, out_sp, y, pad_value):
     and multiplied by the ``[c, 1, taps]`` weights in one batched matmul. Blocks are
     shared by the kernel threads.
     """
+    if (x.ndim == 4 and strides == (1, 1) and out_sp[1] == x.shape[3] and min(pb) >= 0 and min(pe) >= 0):
+        _depthwise_rows(x, wp, dilations, pb, pe, out_sp, y, pad_value)
+        return
     n, c = x.shape[:2]
     w = wp.depthwise
     taps = w.shape[1]
@@ -564,6 +581,61 @@ def _depthwise(x, wp, strides, dilations, pb, pe, out_sp, y, pad_value):
         y[i, c0:c1] = res.reshape(c1 - c0, out_sp[0], *q[1:])[crop]
 
     work = n * c * span * taps
+    parallel.parallel_for(len(jobs), block, 1 if work < parallel.PARALLEL_MIN_FLOPS else None)
+
+
+def _depthwise_rows(x, wp, dilations, pb, pe, out_sp, y, pad_value):
+    """:func:`_depthwise` for a stride-1 2-D layer whose output rows are as wide as
+    its input rows (the usual "same" 3x3 layer), on the input's own row pitch.
+
+    Each channel is padded only above and below (plus ``pb[1]`` and ``pe[1]`` values
+    at its two ends), so that its copy is one contiguous run and every tap reads one
+    run of ``OH * W`` values at a fixed offset; a tap that reaches past the left or
+    right edge reads the neighbouring row's first or last values there instead of
+    the padding, and those few columns of the gathered taps are overwritten with the
+    padding value. Against the phase split, this saves the short-row copies into a
+    wider padded grid and the cropping copy of the result, which the product writes
+    straight into ``y`` (272 channels of 14x14: 146 -> 90 us).
+    """
+    n, c, h, wd = x.shape
+    (kh, kw), (dh, dw) = wp.kernel, dilations
+    oh = out_sp[0]
+    length = oh * wd
+    taps = kh * kw
+    rows = h + pb[0] + pe[0]
+    per = pb[1] + rows * wd + pe[1]
+    head, tail = pb[1] + pb[0] * wd, pe[0] * wd + pe[1]
+    cb = max(1, min(c, (1 << 19) // max(1, taps * length)))
+    jobs = [(i, c0) for i in range(n) for c0 in range(0, c, cb)]
+    w3 = wp.depthwise.reshape(c, 1, taps)
+    # output columns whose tap tx falls left or right of the row: (tx, column) pairs
+    edges = []
+    for tx in range(kw):
+        off = tx * dw - pb[1]
+        cols_out = range(min(wd, -off)) if off < 0 else range(max(0, wd - off), wd)
+        edges.extend((tx, col) for col in cols_out)
+
+    def block(j):
+        i, c0 = jobs[j]
+        c1 = min(c, c0 + cb)
+        k = c1 - c0
+        buf = _scratch(k * (per + taps * length), x.dtype)
+        xb = buf[: k * per].reshape(k, per)
+        cols = buf[k * per :].reshape(k, kh, kw, length)
+        if head:
+            xb[:, :head] = pad_value
+        if tail:
+            xb[:, per - tail :] = pad_value
+        xb[:, head : head + h * wd] = x[i, c0:c1].reshape(k, h * wd)
+        isz = xb.itemsize
+        view = np.lib.stride_tricks.as_strided(xb, (k, kh, kw, length), (xb.strides[0], dh * wd * isz, dw * isz, isz),
+                                               writeable=False)
+        np.copyto(cols, view)
+        for tx, col in edges:
+            cols[:, :, tx, col::wd] = pad_value
+        np.matmul(w3[c0:c1], cols.reshape(k, taps, length), out=y[i, c0:c1].reshape(k, 1, length))
+
+    work = n * c * length * taps
     parallel.parallel_for(len(jobs), block, 1 if work < parallel.PARALLEL_MIN_FLOPS else None)
 
 
