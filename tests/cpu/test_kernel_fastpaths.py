@@ -588,6 +588,70 @@ def test_pooling_flat_passes_match_every_window():
     assert calls["flat"] > 50  # 108 of the axes reduced, with this seed
 
 
+@pytest.mark.parametrize("dtype", [np.uint8, np.int8, np.float16, np.float32, np.int32])
+@pytest.mark.parametrize("size", [0, 2, 4, 6, 1000])
+def test_deinterleave_splits_even_and_odd_values(dtype, size):
+    """The pair view's narrowing cast gives the even values, the shifted view the odd
+    ones, bit for bit (NaN payloads and signed zeros included)."""
+    from onnxrt_cpu.kernels.pool import deinterleave
+
+    raw = np.random.default_rng(size).integers(0, 256, size * np.dtype(dtype).itemsize, dtype=np.uint8)
+    flat = raw.view(dtype)
+    even, odd = deinterleave(flat)
+    assert even.dtype == odd.dtype == flat.dtype and even.flags.c_contiguous and odd.flags.c_contiguous
+    np.testing.assert_array_equal(even.view(np.uint8), np.ascontiguousarray(flat[0::2]).view(np.uint8))
+    np.testing.assert_array_equal(odd.view(np.uint8), np.ascontiguousarray(flat[1::2]).view(np.uint8))
+
+
+def test_pooling_stride2_pairs_match_every_window():
+    """A stride-2 last axis with three taps or more reduces the even and odd columns'
+    contiguous halves instead of strided views; random windows, dilations, pads (up
+    to the whole window), even row lengths, several dtypes and a channels-last view,
+    against every window reduced the plain way; and the pair path did run."""
+    from onnxrt_cpu.kernels import pool
+
+    rng = np.random.default_rng(5)
+    calls = {"pairs": 0}
+    real = pool._reduce_last_pairs
+
+    def counting(*args):
+        r = real(*args)
+        calls["pairs"] += r is not None
+        return r
+
+    pool._reduce_last_pairs = counting
+    try:
+        for i in range(200):
+            nd = 1 + i % 2
+            k = [int(v) for v in rng.integers(3, 6, nd)]
+            s = [int(v) for v in rng.integers(1, 3, nd - 1)] + [2]
+            d = [int(v) for v in rng.integers(1, 3, nd)] if i % 4 == 0 else [1] * nd
+            pb = [int(rng.integers(0, k[j] + 1)) for j in range(nd)]
+            pe = [int(rng.integers(0, k[j] + 1)) for j in range(nd)]
+            sp = [int(v) for v in rng.integers(2, 14, nd - 1)] + [2 * int(rng.integers(1, 9))]
+            out_sp = [(sp[j] + pb[j] + pe[j] - (k[j] - 1) * d[j] - 1) // s[j] + 1 for j in range(nd)]
+            if min(out_sp) < 1:
+                continue
+            dtype = (np.float32, np.uint8, np.float16, np.float64)[i % 4]
+            shape = [1 + i % 2, 3] + sp
+            x = (rng.integers(0, 256, shape) if dtype == np.uint8 else rng.standard_normal(shape)).astype(dtype)
+            ufunc = np.add if i % 3 == 0 and dtype != np.uint8 else np.maximum
+            fill = 0 if ufunc is np.add or dtype == np.uint8 else -np.inf
+            if i % 5 == 1 and nd == 2:
+                x = _channels_last_view(x)
+            got = pool._reduce_taps(x, k, s, d, pb, out_sp, ufunc, fill)
+            want = _windows_reference(x, k, s, d, pb, out_sp, ufunc, fill)
+            assert got.shape == want.shape and got.dtype == want.dtype, (i, k, s, d, pb, sp)
+            if ufunc is np.add:
+                tol = 2e-3 if dtype == np.float16 else 1e-5
+                np.testing.assert_allclose(got, want, rtol=tol, atol=tol, err_msg=str((i, k, s, d, pb, pe, sp)))
+            else:
+                np.testing.assert_array_equal(got, want, err_msg=str((i, k, s, d, pb, pe, sp)))
+    finally:
+        pool._reduce_last_pairs = real
+    assert calls["pairs"] > 50
+
+
 def _channels_last_view(x):
     """``x`` (NCHW) as an NCHW view of channels-last memory."""
     return np.ascontiguousarray(np.moveaxis(x, 1, -1)).transpose(0, x.ndim - 1, *range(1, x.ndim - 1))

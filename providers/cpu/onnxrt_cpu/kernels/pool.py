@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import sys
 
 import numpy as np
 
@@ -97,7 +98,11 @@ def _reduce_taps(x, kernel, strides, dil, pb, out_sp, ufunc, fill):
     y, owned = x, False
     for a in range(nd):
         ax = y.ndim - nd + a
-        r = _reduce_axis_flat(y, ax, kernel[a], strides[a], dil[a], pb[a], out_sp[a], ufunc, fill)
+        r = None
+        if ax == y.ndim - 1 and strides[a] == 2:
+            r = _reduce_last_pairs(y, kernel[a], dil[a], pb[a], out_sp[a], ufunc, fill)
+        if r is None:
+            r = _reduce_axis_flat(y, ax, kernel[a], strides[a], dil[a], pb[a], out_sp[a], ufunc, fill)
         if r is not None:
             y, owned = r, True
             continue
@@ -190,6 +195,80 @@ def _reduce_axis_flat(y, ax, k, s, d, pb, o, ufunc, fill):
             for c in taps[2:]:
                 ufunc(dst, y3[:, c], out=dst)
     return (out if o == p else out[:, :o]).reshape(y.shape[:ax] + (o,) + y.shape[ax + 1 :])
+
+
+#: Unsigned integer types twice as wide as an element of each size (in bytes).
+_PAIR_TYPES = {1: np.uint16, 2: np.uint32, 4: np.uint64}
+_HALF_TYPES = {1: np.uint8, 2: np.uint16, 4: np.uint32}
+
+
+def deinterleave(flat: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(flat[0::2], flat[1::2])`` as contiguous arrays, for a contiguous 1-D array of
+    even length whose elements are 1, 2 or 4 bytes wide.
+
+    numpy copies a stride-2 view at about 0.3 ns a value on this kind of machine, its
+    unvectorized strided loop. Viewed as unsigned integers twice as wide, each pair
+    is one element whose low half (on a little-endian machine) is the even value: a
+    narrowing cast keeps it, in one contiguous pass at about a third of that cost.
+    The odd values are the low halves of the same view shifted by one element.
+    """
+    size = flat.itemsize
+    pair, half = _PAIR_TYPES[size], _HALF_TYPES[size]
+    n = flat.size // 2
+    even = flat.view(pair).astype(half).view(flat.dtype)
+    odd = np.empty(n, dtype=flat.dtype)
+    if n > 1:
+        odd[:-1] = flat[1:-1].view(pair).astype(half).view(flat.dtype)
+    if n:
+        odd[-1] = flat[-1]
+    return even, odd
+
+
+def _reduce_last_pairs(y, k, d, pb, o, ufunc, fill):
+    """A stride-2 axis of :func:`_reduce_taps` when it is the last, on a C-contiguous
+    ``y`` with rows of even length; None where that does not apply.
+
+    The rows are split into their even and odd columns (:func:`deinterleave`), after
+    which every tap reads one of the two halves at a fixed shift: each tap is then
+    one contiguous pass over all rows at once, as in :func:`_reduce_axis_flat`, and
+    the outputs whose taps run past a row's ends are recomputed from their in-range
+    columns. With three taps or more, two copies of half the data and contiguous
+    passes cost less than the strided passes they replace (64x112x112 MaxPool's last
+    axis: 190 -> 110 us).
+    """
+    n = y.shape[-1]
+    if (k < 3 or n % 2 or not y.flags.c_contiguous or y.itemsize not in _PAIR_TYPES or not y.size
+            or sys.byteorder != "little"):
+        return None
+    m = n // 2
+    if o > m:
+        return None
+    outer = y.size // n
+    halves = deinterleave(y.reshape(-1))
+    taps = [((t * d - pb) % 2, (t * d - pb) // 2) for t in range(k)]
+    shifts = [q for _, q in taps]
+    out = np.empty((outer, m), dtype=y.dtype)
+    flat = out.reshape(-1)
+    j0, j1 = max(0, -min(shifts)), min(o, m - max(shifts))
+    if j1 > j0:
+        qa, qb = j0, (outer - 1) * m + j1
+        views = [halves[r][qa + q : qb + q] for r, q in taps]
+        ufunc(views[0], views[1], out=flat[qa:qb])
+        for v in views[2:]:
+            ufunc(flat[qa:qb], v, out=flat[qa:qb])
+    y2 = y.reshape(outer, n)
+    for j in itertools.chain(range(min(j0, o)), range(max(j0, j1), o)):
+        cols = [c for c in (2 * j + t * d - pb for t in range(k)) if 0 <= c < n]
+        dst = out[:, j]
+        if not cols:
+            dst.fill(fill)
+        elif len(cols) == 1:
+            dst[...] = y2[:, cols[0]]
+        else:
+            ufunc(y2[:, cols[0]], y2[:, cols[1]], out=dst)
+            for c in cols[2:]:
+                ufunc(dst, y2[:, c], out=dst)
+    return (out if o == m else out[:, :o]).reshape(y.shape[:-1] + (o,))
 
 
 def _lowest(dt):
