@@ -14,9 +14,11 @@ packed into the GEMM layout once, when the node's kernel is built:
   channels-last copy instead, where a block of images' im2col rows is one strided
   copy and one ``[positions, K] @ [K, M]`` product, transposed back at the end: no
   per-tap Python loop, which for small images cost more than the product;
-* a depthwise Conv splits the padded input into stride phases so that every tap is a
-  contiguous run, gathers a block of channels' taps and runs one batched
-  ``[1, taps] @ [taps, span]`` product per channel block;
+* a depthwise Conv gathers a block of channels' taps and runs one batched
+  ``[1, taps] @ [taps, span]`` product per channel block; the taps are contiguous
+  runs of the input on its own row pitch (stride 1, output rows as wide as the
+  input's) or of the padded input's stride phases (otherwise);
+* a grouped 1x1 Conv is one batched product over the groups per image;
 * ConvTranspose and Col2Im run the GEMM first and scatter-add the columns back
   (col2im), one strided slice per kernel tap.
 
