@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import math
 from dataclasses import dataclass, field
 from typing import Iterator
 
@@ -543,7 +544,7 @@ def _sparse_to_dense(st, where: str = "") -> np.ndarray:
         raise InvalidGraph(f"sparse tensor {label}: indices must be integers, not {indices.dtype}")
     indices = indices.astype(np.int64)
     nnz = values.size
-    total = int(np.prod(dims)) if dims else 1
+    total = math.prod(dims) if dims else 1
     if values.ndim != 1:
         raise InvalidGraph(f"sparse tensor {label}: values must be 1-D, not shape {list(values.shape)}")
     if indices.ndim == 1 and indices.shape[0] == nnz:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
+import math
 import threading
 import weakref
 from typing import Any
@@ -202,7 +203,7 @@ def _holds(dev, value) -> bool:
 
 def _host_array_at(ptr: int, shape, dtype) -> np.ndarray:
     dt = np.dtype(dtype)
-    n = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
+    n = math.prod(shape) * dt.itemsize
     buf = (ctypes.c_char * n).from_address(int(ptr))
     return np.frombuffer(buf, dtype=dt).reshape(shape)
 

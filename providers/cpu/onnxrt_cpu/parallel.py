@@ -216,7 +216,7 @@ def matmul_nd(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     k = a.shape[-1]
     if b.shape[-2] != k:
         return np.matmul(a, b)  # numpy raises its own error
-    rows = int(np.prod(a.shape[:-1], dtype=np.int64))
+    rows = math.prod(a.shape[:-1])
     if rows * k * b.shape[-1] < PARALLEL_MIN_FLOPS:
         return np.matmul(a, b)
     if b.ndim == 2:  # a is 2-D too (a stack was flattened above)

@@ -17,6 +17,8 @@ MatMulNBits, DynamicQuantizeLSTM and the quantized BERT ops live in
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 from onnxrt.kernel import Kernel
 
@@ -375,7 +377,7 @@ class QLinearSoftmax(Kernel):
         v = dequant(x, x_scale, x_zero_point)
         if self.opset < 13:
             shape = v.shape
-            v = v.reshape(int(np.prod(shape[:axis], dtype=np.int64)), -1)
+            v = v.reshape(math.prod(shape[:axis]), -1)
             axis = 1
         v = v - v.max(axis=axis, keepdims=True)
         np.exp(v, out=v)
@@ -436,7 +438,7 @@ def qlinear_global_average_pool(
         )
     axes = tuple(range(1, x.ndim - 1)) if channels_last else tuple(range(2, x.ndim))
     zx = _zp(x_zero_point, x.dtype)
-    n = int(np.prod([x.shape[a] for a in axes], dtype=np.int64))
+    n = math.prod([x.shape[a] for a in axes])
     # the sum of 8-bit values is exact in float64 for any realistic size, and in
     # float32 (one product with ones, several times faster) below 2**24
     s = None
@@ -614,7 +616,7 @@ def _b_scale(b, b_scale) -> np.ndarray:
     if s.size == 1:
         return s.reshape(())
     if s.shape[-1] != b.shape[-1] or s.size != b.shape[-1] * int(
-        np.prod(b.shape[:-2], dtype=np.int64)
+        math.prod(b.shape[:-2])
     ):
         raise ValueError(
             f"b_scale of shape {s.shape} does not fit B of shape {b.shape}"

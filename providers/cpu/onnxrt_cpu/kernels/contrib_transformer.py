@@ -245,7 +245,7 @@ class SimplifiedLayerNormalization(Kernel):
             )
         axis %= x.ndim
         lead = x.shape[:axis]
-        v = _work(x).reshape(int(np.prod(lead, dtype=np.int64)), -1)
+        v = _work(x).reshape(math.prod(lead), -1)
         ms = row_mean(v * v)
         inv = 1.0 / np.sqrt(ms + v.dtype.type(eps))
         y = (v * inv).reshape(x.shape) * _work(scale)

@@ -34,6 +34,7 @@ are shared with the pooling kernels.
 from __future__ import annotations
 
 import itertools
+import math
 import threading
 
 import numpy as np
@@ -253,7 +254,7 @@ def _conv_forward(x, wp: _ConvWeights, strides, dilations, pb, pe, out_sp, bias=
         raise ValueError(f"bias has shape {bias.shape}, expected ({m},)")
     kernel = wp.kernel
     nd = len(kernel)
-    L = int(np.prod(out_sp, dtype=np.int64))
+    L = math.prod(out_sp)
     y = np.empty((n, m, *out_sp), dtype=x.dtype)
     if residual is not None and residual.shape != y.shape:
         raise ValueError(f"Z has shape {residual.shape}, the convolution gives {y.shape}")
@@ -271,7 +272,7 @@ def _conv_forward(x, wp: _ConvWeights, strides, dilations, pb, pe, out_sp, bias=
         return y
 
     cg, mg = c // g, m // g
-    taps = int(np.prod(kernel, dtype=np.int64))
+    taps = math.prod(kernel)
     K = cg * taps
     yv = y.reshape(n, m, L)
     zv = None if residual is None else residual.reshape(n, m, L)
@@ -523,7 +524,7 @@ def _phases(x, kernel, strides, dilations, pb, pe, out_sp, pad_value):
         lead = (slice(None), slice(None), k)
         if all(d_.stop > d_.start for d_ in dst):
             qa[lead + tuple(dst)] = x[(slice(None), slice(None)) + tuple(src)]
-    pitch = [int(np.prod(q[a + 1 :], dtype=np.int64)) for a in range(nd)]
+    pitch = [math.prod(q[a + 1 :]) for a in range(nd)]
     tap_src = []
     for t in itertools.product(*[range(k_) for k_ in kernel]):
         pos = [t[a] * dilations[a] for a in range(nd)]
@@ -842,7 +843,7 @@ class _IntConvBase(Kernel):
         # float32 copies too: used when the input's range keeps every sum exact.
         wp64 = _ConvWeights(wf, self.group, np.float64)
         wp32 = _ConvWeights(wf, self.group, np.float32)
-        kdim = int(np.prod(w.shape[1:]))
+        kdim = math.prod(w.shape[1:])
         wmax = float(np.abs(wf).max()) if wf.size else 0.0
         return wp32, wp64, kdim * wmax, wp32.gemm.reshape(w.shape), wmax
 
@@ -865,7 +866,7 @@ class _IntConvBase(Kernel):
         # represents all integers below 2**24 exactly, whatever the summation order.
         xmax = max(abs(int(x.max()) - zp), abs(int(x.min()) - zp)) if x.size else 0
         pb, pe, out_sp = conv_pads(x.shape[2:], kernel, strides, dil, self.pads, self.auto_pad)
-        taps = int(np.prod(kernel, dtype=np.int64))
+        taps = math.prod(kernel)
         chunk = int((2**24 - 1) // (taps * wmax * xmax)) if xmax and wmax else x.shape[1]
         if bound * xmax < 2.0**24 or (self.group == 1 and chunk * taps >= 32):
             xf = x.astype(np.float32)
@@ -1021,7 +1022,7 @@ class ConvTranspose(Kernel):
             raise ValueError(f"input has {c} channels but weight {wp.shape} expects {wp.shape[0]}")
         m = wp.shape[1] * g
         in_sp = x.shape[2:]
-        L = int(np.prod(in_sp, dtype=np.int64))
+        L = math.prod(in_sp)
         pb, out_sp = conv_transpose_geometry(in_sp, kernel, strides, dil, self.attrs, self.auto_pad,
                                              self.node.describe())
         # Canvas covering both the scattered taps and the requested output window.
@@ -1061,7 +1062,7 @@ def col2im(k, x, image_shape, block_shape, *, dilations=None, pads=None, strides
     pads = list(pads or [0] * (2 * nd))
     if x.ndim != 3:
         raise ValueError(f"input must be [N, C*prod(block_shape), L], got shape {x.shape}")
-    kprod = int(np.prod(block))
+    kprod = math.prod(block)
     n, ck, L = x.shape
     if kprod == 0 or ck % kprod:
         raise ValueError(f"input dim 1 ({ck}) is not a multiple of prod(block_shape) = {kprod}")
@@ -1070,8 +1071,8 @@ def col2im(k, x, image_shape, block_shape, *, dilations=None, pads=None, strides
     for i in range(nd):
         ek = (block[i] - 1) * dilations[i] + 1
         grid.append((image[i] + pads[i] + pads[nd + i] - ek) // strides[i] + 1)
-    if int(np.prod(grid)) != L:
-        raise ValueError(f"input has {L} blocks but the geometry gives {grid} = {int(np.prod(grid))}")
+    if math.prod(grid) != L:
+        raise ValueError(f"input has {L} blocks but the geometry gives {grid} = {math.prod(grid)}")
     padded = [image[i] + pads[i] + pads[nd + i] for i in range(nd)]
     canvas = np.zeros((n * c, *padded), dtype=x.dtype)
     _col2im_add(canvas, x.reshape(n * c, *block, *grid), block, strides, dilations, grid)
@@ -1101,7 +1102,7 @@ class DeformConv(Kernel):
         n, c = x.shape[:2]
         in_sp = x.shape[2:]
         og = self.offset_group
-        K = int(np.prod(kernel))
+        K = math.prod(kernel)
         if c % og:
             raise ValueError(f"input channels {c} are not divisible by offset_group {og}")
         out_sp = tuple(offset.shape[2:])
@@ -1111,7 +1112,7 @@ class DeformConv(Kernel):
             ek = (kernel[i] - 1) * dil[i] + 1
             if out_sp[i] != (in_sp[i] + pads[i] + pads[nd + i] - ek) // strides[i] + 1:
                 raise ValueError(f"offset spatial shape {out_sp} is inconsistent with the conv geometry")
-        L = int(np.prod(out_sp))
+        L = math.prod(out_sp)
         wp = _ConvWeights(w, self.group, cdt)
         if c != w.shape[1] * self.group:
             raise ValueError(f"input has {c} channels but weight {w.shape} with group {self.group} expects")
@@ -1130,7 +1131,7 @@ class DeformConv(Kernel):
             + taps * np.array(dil).reshape(nd, 1, 1)
         ).astype(cdt)
         cpg = c // og
-        sp_strides = [int(np.prod(in_sp[i + 1 :])) for i in range(nd)]
+        sp_strides = [math.prod(in_sp[i + 1 :]) for i in range(nd)]
         y = np.empty((n, wp.shape[0], L), dtype=cdt)
         xc = x.astype(cdt, copy=False).reshape(n, c, -1)
         for bi in range(n):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import io
 import itertools
+import math
 
 import numpy as np
 
@@ -274,7 +275,7 @@ class GridSample(Kernel):
         dims = X.shape[2:]
         out_sp = grid.shape[1:-1]
         in_dt = np.dtype(X.dtype)
-        P = int(np.prod(out_sp))
+        P = math.prod(out_sp)
         if N == 0 or C == 0 or P == 0:
             return (np.zeros((N, C, *out_sp), dtype=in_dt),)
         fdt = _float_dtype(in_dt) if in_dt.kind in "fiu" or in_dt.kind == "V" else np.dtype(np.float32)
@@ -325,8 +326,8 @@ class GridSample(Kernel):
                 idx = np.clip(idx, 0, d - 1)
             taps.append((idx, w, valid))
 
-        strides = [int(np.prod(dims[i + 1 :])) for i in range(r)]
-        S = int(np.prod(dims))
+        strides = [math.prod(dims[i + 1 :]) for i in range(r)]
+        S = math.prod(dims)
         # channels last, so every tap gathers one contiguous row of C values
         rows_x = X.reshape(N, C, S).transpose(0, 2, 1).reshape(N * S, C)
         if self.mode != "nearest":
@@ -388,7 +389,7 @@ def affine_grid(k, theta, size, *, align_corners=0):
             a = (2 * np.arange(d, dtype=np.float64) + 1) / d - 1
         axes.append(a.astype(cdt))
     mesh = np.meshgrid(*axes, indexing="ij")  # spatial order (z, y, x)
-    P = int(np.prod(spatial))
+    P = math.prod(spatial)
     # homogeneous base points, coordinates innermost-first: (x, y[, z], 1)
     base = np.empty((P, r + 1), cdt)
     for i in range(r):

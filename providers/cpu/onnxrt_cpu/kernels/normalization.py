@@ -8,6 +8,8 @@ BatchNormalization folds its four parameter vectors into one scale and one shift
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from onnxrt.dtypes import np_dtype
@@ -170,7 +172,7 @@ class LayerNormalization(Kernel):
         axis = _norm_axis(self.axis, x.ndim)
         cdt = _stash_dtype(self.stash, x.dtype)
         lead = x.shape[:axis]
-        rows = int(np.prod(lead, dtype=np.int64))
+        rows = math.prod(lead)
         xc = x.astype(cdt, copy=False).reshape(rows, -1)
         y, mean, inv = _normalize(xc, 1, self.eps)
         y = y.reshape(x.shape)
@@ -228,7 +230,7 @@ def rms_normalization(k, x, scale, *, axis=-1, epsilon=1e-5, stash_type=1):
     ax = _norm_axis(axis, x.ndim)
     cdt = _stash_dtype(stash_type, x.dtype)
     lead = x.shape[:ax]
-    xc = x.astype(cdt, copy=False).reshape(int(np.prod(lead, dtype=np.int64)), -1)
+    xc = x.astype(cdt, copy=False).reshape(math.prod(lead), -1)
     ms = np.mean(xc * xc, axis=1, keepdims=True)
     y = xc * (1.0 / np.sqrt(ms + cdt.type(epsilon)))
     y = y.reshape(x.shape).astype(x.dtype, copy=False)

@@ -160,7 +160,7 @@ def _reduce_axis_flat(y, ax, k, s, d, pb, o, ufunc, fill):
     and ``s`` dividing the row length with at most ``n / s`` outputs along it.
     """
     n = y.shape[ax]
-    inner = int(np.prod(y.shape[ax + 1 :], dtype=np.int64))
+    inner = math.prod(y.shape[ax + 1 :])
     if not y.flags.c_contiguous or not y.size or n % s or o > n // s or (inner > 1 and s > 1):
         return None
     p = n // s  # output positions per row of the flat views; the first o are kept
@@ -298,7 +298,7 @@ class MaxPool(_PoolBase):
             return (y.astype(dt, copy=False),)
         xp = pad_spatial(xc, pb, [e + x_ for e, x_ in zip(pe, extra)], low)
         y = None
-        ntaps = int(np.prod(kernel))
+        ntaps = math.prod(kernel)
         best = np.zeros((*x.shape[:2], *out_sp), dtype=np.int8 if ntaps <= 127 else np.int32)
         mask = np.empty(best.shape, dtype=bool)
         for t, (_, sl) in enumerate(tap_slices(kernel, strides, dil, out_sp)):
@@ -317,16 +317,16 @@ class MaxPool(_PoolBase):
         nd = len(kernel)
         in_sp = shape[2:]
         if self.storage_order == 0:
-            mult = [int(np.prod(in_sp[i + 1 :])) for i in range(nd)]
+            mult = [math.prod(in_sp[i + 1 :]) for i in range(nd)]
         else:
-            mult = [int(np.prod(in_sp[:i])) for i in range(nd)]
+            mult = [math.prod(in_sp[:i]) for i in range(nd)]
         tap_off = np.zeros(kernel, dtype=np.int64)
         origin = np.zeros(out_sp, dtype=np.int64)
         for i in range(nd):
             bshape = [-1 if j == i else 1 for j in range(nd)]
             tap_off += (np.arange(kernel[i]) * dil[i] * mult[i]).reshape(bshape)
             origin += ((np.arange(out_sp[i]) * strides[i] - pb[i]) * mult[i]).reshape(bshape)
-        plane = int(np.prod(in_sp))
+        plane = math.prod(in_sp)
         base = (np.arange(shape[0] * shape[1], dtype=np.int64) * plane).reshape(shape[0], shape[1], *([1] * nd))
         idx = tap_off.reshape(-1).take(best)
         idx += origin

@@ -10,6 +10,8 @@ over no axes is ``|x|``), which is what numpy does for ``axis=()``.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 from onnxrt.kernel import Kernel
 
@@ -75,7 +77,7 @@ def _sum(xp, x, axes, keepdims):
 
 def _mean(xp, x, axes, keepdims):
     if x.dtype.kind in "iu":
-        n = x.size if axes is None else int(np.prod([x.shape[a] for a in axes], dtype=np.int64))
+        n = x.size if axes is None else math.prod([x.shape[a] for a in axes])
         s = xp.sum(x, axis=axes, keepdims=keepdims, dtype=np.int64 if x.dtype.kind == "i" else np.uint64)
         if n == 0:
             return xp.zeros(s.shape, dtype=x.dtype)
