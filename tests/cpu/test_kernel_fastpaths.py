@@ -261,6 +261,51 @@ def test_quantized_conv_chain_in_channels_last_views_matches_onnxruntime(threads
             np.testing.assert_array_equal(g, w)
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+def test_integer_conv_in_row_bands_equals_the_int64_convolution(threads, monkeypatch):
+    """ConvInteger on images whose im2col exceeds one cache-sized block: the
+    channels-last path gathers and multiplies bands of output rows, claimed by the
+    threads, and K (800) is longer than one exact float32 product, so each band sums
+    its K chunks in float64. The result equals the int64 convolution exactly."""
+    from onnxrt_cpu.kernels import conv
+
+    if threads > 1:
+        monkeypatch.setattr(parallel, "PARALLEL_MIN_FLOPS", 1 << 14)
+    blocks = []
+    plan = conv._row_blocks
+
+    def spy(*args):
+        jobs = plan(*args)
+        blocks.extend(jobs)
+        return jobs
+
+    monkeypatch.setattr(conv, "_row_blocks", spy)
+    rng = np.random.default_rng(3)
+    x = rng.integers(0, 256, (3, 32, 40, 40)).astype(np.uint8)
+    x[:, :, ::3] = 255
+    w = rng.integers(-128, 128, (8, 32, 5, 5)).astype(np.int8)
+    w[0] = -128
+    graph = helper.make_graph(
+        [helper.make_node("ConvInteger", ["x", "w", "xz"], ["y"], pads=[2, 2, 2, 2])],
+        "ci", [helper.make_tensor_value_info("x", TensorProto.UINT8, list(x.shape))],
+        [helper.make_tensor_value_info("y", TensorProto.INT32, None)],
+        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(np.array(3, np.uint8), "xz")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 10)], ir_version=10)
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = threads
+    got, = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    xi = np.pad(x.astype(np.int64) - 3, ((0, 0), (0, 0), (2, 2), (2, 2)))
+    windows = np.lib.stride_tricks.sliding_window_view(xi, (5, 5), axis=(2, 3))  # [n, c, 40, 40, 5, 5]
+    cols = windows.transpose(0, 2, 3, 1, 4, 5).reshape(3, 40, 40, -1)
+    want = (cols @ w.astype(np.int64).reshape(8, -1).T).transpose(0, 3, 1, 2)
+    assert got.dtype == np.int32
+    np.testing.assert_array_equal(got, want)
+    # bands of rows of one image each, not whole images, and all of every image
+    assert blocks and all(i1 - i0 == 1 and r1 - r0 < 40 for i0, i1, r0, r1 in blocks)
+    assert sum(r1 - r0 for _, _, r0, r1 in blocks) == 3 * 40
+
+
 # -- parallel ------------------------------------------------------------------------
 
 
