@@ -44,7 +44,7 @@ from onnxrt.windows import conv_transpose_geometry
 
 from .. import parallel
 from ..registry import op
-from .quantize import requantize
+from .quantize import centred_bound, requantize
 
 __all__ = ["conv_pads", "pad_spatial", "tap_slices", "compute_dtype"]
 
@@ -737,6 +737,16 @@ _ROWS_MAX_ELEMS = 1 << 24
 _IM2COL_COST = 16
 
 
+def _input_bound(x: np.ndarray, xzp, zp: int, product_bound: float) -> float:
+    """``max |x - zp|`` for an integer convolution's input: the bound its 8-bit type
+    alone gives where that already keeps every partial sum (at most ``product_bound``
+    times it) below 2**24, which spares two passes over the data; else the data's."""
+    by_type = centred_bound(x.dtype, xzp)
+    if by_type is not None and product_bound * by_type < 2.0**24:
+        return by_type
+    return max(abs(int(x.max()) - zp), abs(int(x.min()) - zp)) if x.size else 0
+
+
 class _IntConvBase(Kernel):
     """Shared by ConvInteger and QLinearConv: exact int32 accumulation via BLAS."""
 
@@ -789,7 +799,7 @@ class _IntConvBase(Kernel):
         n, c, h, wd = x.shape
         k = self._rows_w.shape[0]
         wmax = self._packed[1][4]
-        xmax = max(abs(int(x.max()) - zp), abs(int(x.min()) - zp))
+        xmax = _input_bound(x, xzp, zp, k * wmax)
         # K is cut into chunks whose float32 products are exact; more than one chunk
         # sums in float64 (exact) and rounds once to float32, as float(int32) would
         kchunk = k if not (wmax and xmax) else int((2**24 - 1) // (wmax * xmax))
@@ -873,7 +883,7 @@ class _IntConvBase(Kernel):
             zp = int(xzp.reshape(()))
         # Every partial sum is bounded by K * max|x - zp| * max|w - w_zp|; float32
         # represents all integers below 2**24 exactly, whatever the summation order.
-        xmax = max(abs(int(x.max()) - zp), abs(int(x.min()) - zp)) if x.size else 0
+        xmax = _input_bound(x, xzp, zp, bound)
         pb, pe, out_sp = conv_pads(x.shape[2:], kernel, strides, dil, self.pads, self.auto_pad)
         taps = math.prod(kernel)
         chunk = int((2**24 - 1) // (taps * wmax * xmax)) if xmax and wmax else x.shape[1]
