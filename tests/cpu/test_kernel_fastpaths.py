@@ -306,6 +306,31 @@ def test_integer_conv_in_row_bands_equals_the_int64_convolution(threads, monkeyp
     assert sum(r1 - r0 for _, _, r0, r1 in blocks) == 3 * 40
 
 
+@pytest.mark.parametrize("table_type", [np.uint8, np.int8, np.bool_])
+@pytest.mark.parametrize("index_type", [np.uint8, np.int8])
+def test_gather_from_a_byte_table_equals_take(table_type, index_type):
+    """Gather from a 256-entry table of one-byte values with one-byte indices (the
+    8-bit lookups the QDQ fusions build) goes through bytes.translate: negative int8
+    indices wrap as take wraps them, the output is a fresh writeable array, and a
+    transposed (non-contiguous) index array reads in its logical order."""
+    rng = np.random.default_rng(4)
+    raw = rng.integers(0, 256, 256).astype(np.uint8)
+    table = (raw & 1).astype(np.bool_) if table_type is np.bool_ else raw.view(table_type)
+    info = np.iinfo(index_type)
+    idx = rng.integers(info.min, info.max + 1, (6, 5, 7)).astype(index_type).transpose(2, 0, 1)
+    graph = helper.make_graph(
+        [helper.make_node("Gather", ["t", "i"], ["y"], axis=0)], "g",
+        [helper.make_tensor_value_info("i", helper.np_dtype_to_tensor_dtype(idx.dtype), list(idx.shape))],
+        [helper.make_tensor_value_info("y", helper.np_dtype_to_tensor_dtype(table.dtype), None)],
+        [numpy_helper.from_array(table, "t")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=10)
+    got, = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"i": idx})
+    want = np.take(table, idx.astype(np.int64))
+    assert got.dtype == table.dtype and got.shape == idx.shape and got.flags.writeable
+    np.testing.assert_array_equal(got, want)
+
+
 # -- parallel ------------------------------------------------------------------------
 
 

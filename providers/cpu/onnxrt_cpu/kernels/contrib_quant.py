@@ -39,7 +39,7 @@ from .quantize import (
     requantize,
 )
 from .rows import plane_sum
-from .select import clip
+from .select import byte_lookup, clip
 
 __all__ = [
     "DynamicQuantizeMatMul",
@@ -310,6 +310,7 @@ class QLinearLookup(Kernel):
         c = self.node.constants
         n = len(self.node.inputs)
         self.table = None
+        self.table_bytes = None
         needed = [i for i in range(1, 5) if i < n and self.node.inputs[i]]
         dt = self.node.input_dtype(0)
         if dt in (np.dtype(np.uint8), np.dtype(np.int8)) and all(
@@ -317,6 +318,10 @@ class QLinearLookup(Kernel):
         ):
             get = lambda i: c.get(i) if i < n and self.node.inputs[i] else None
             self.table = self._table(dt, get(1), get(2), get(3), get(4))
+            # the same table indexed by the input's raw byte, for byte_lookup: an int8
+            # value v (byte v mod 256) sits at v + 128 in the table, its byte ^ 0x80
+            flip = 0x80 if INT_RANGES[np.dtype(dt)][0] else 0
+            self.table_bytes = (np.dtype(dt), self.table[np.arange(256) ^ flip].tobytes())
 
     def _table(self, dt, x_scale, x_zp, y_scale, y_zp):
         lo, hi = INT_RANGES[np.dtype(dt)]
@@ -333,6 +338,8 @@ class QLinearLookup(Kernel):
         table = self.table
         if table is None:
             table = self._table(x.dtype, x_scale, x_zero_point, y_scale, y_zero_point)
+        elif isinstance(x, np.ndarray) and x.dtype == self.table_bytes[0]:
+            return (byte_lookup(self.table_bytes[1], x, table.dtype),)
         lo = INT_RANGES[x.dtype][0]
         idx = x.astype(np.intp)
         if lo:

@@ -12,13 +12,18 @@ Measured on this provider's numpy (2.x, x86-64 with AVX-512), 262,144 float32 va
 
 Both give exactly numpy's results, NaN included (a blend moves bits, and ``clip``
 propagates NaN as ``maximum`` does).
+
+* ``np.take(table, x)`` with a 256-entry table of bytes and byte indices (the 8-bit
+  lookups of quantized models) converts every index to a pointer-sized integer
+  first: 281 us for 262,144 values, where :func:`byte_lookup` runs the C loop of
+  ``bytearray.translate`` over the raw bytes in 155 us.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["clamp", "clip", "relu", "where"]
+__all__ = ["byte_lookup", "clamp", "clip", "relu", "where"]
 
 def _find_clip_ufunc():
     # np.clip is a Python wrapper costing about 3 us per call before the ufunc it
@@ -104,3 +109,11 @@ def relu(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     if b is not None and x.size >= _CLIP_MIN:
         return _clip(x, b[0], b[1], out=out)
     return np.maximum(x, x.dtype.type(0), out=out)
+
+
+def byte_lookup(table: bytes, x: np.ndarray, dtype) -> np.ndarray:
+    """``table[b]`` for every raw byte ``b`` of the one-byte array ``x``, as a new
+    writeable array of ``dtype`` (one byte wide) shaped like ``x``. ``table`` holds 256
+    bytes indexed by the byte's unsigned value, so an int8 ``x`` of -1 reads entry 255."""
+    out = bytearray(np.ascontiguousarray(x)).translate(table)
+    return np.frombuffer(out, dtype=dtype).reshape(x.shape)
