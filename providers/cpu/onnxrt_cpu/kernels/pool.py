@@ -182,19 +182,26 @@ def _reduce_axis_flat(y, ax, k, s, d, pb, o, ufunc, fill):
             ufunc(views[0], views[1], out=dst)
             for v in views[2:]:
                 ufunc(dst, v, out=dst)
-    y3 = y.reshape(outer, n, inner)
+    _edge_outputs(out, y.reshape(outer, n, inner), j0, j1, o, k, s, d, pb, ufunc, fill)
+    return (out if o == p else out[:, :o]).reshape(y.shape[:ax] + (o,) + y.shape[ax + 1 :])
+
+
+def _edge_outputs(out, y, j0, j1, o, k, s, d, pb, ufunc, fill):
+    """Outputs ``j`` of axis 1 of ``out`` outside ``j0:j1`` (of ``o``), whose windows
+    reach into the padding, reduced from their in-range taps along axis 1 of ``y``
+    (``n`` values: tap ``t`` of output ``j`` reads ``j * s + t * d - pb``)."""
+    n = y.shape[1]
     for j in itertools.chain(range(min(j0, o)), range(max(j0, j1), o)):
         taps = [c for c in (j * s + t * d - pb for t in range(k)) if 0 <= c < n]
         dst = out[:, j]
         if not taps:
             dst.fill(fill)
         elif len(taps) == 1:
-            dst[...] = y3[:, taps[0]]
+            dst[...] = y[:, taps[0]]
         else:
-            ufunc(y3[:, taps[0]], y3[:, taps[1]], out=dst)
+            ufunc(y[:, taps[0]], y[:, taps[1]], out=dst)
             for c in taps[2:]:
-                ufunc(dst, y3[:, c], out=dst)
-    return (out if o == p else out[:, :o]).reshape(y.shape[:ax] + (o,) + y.shape[ax + 1 :])
+                ufunc(dst, y[:, c], out=dst)
 
 
 #: Unsigned integer types twice as wide as an element of each size (in bytes).
@@ -256,18 +263,7 @@ def _reduce_last_pairs(y, k, d, pb, o, ufunc, fill):
         ufunc(views[0], views[1], out=flat[qa:qb])
         for v in views[2:]:
             ufunc(flat[qa:qb], v, out=flat[qa:qb])
-    y2 = y.reshape(outer, n)
-    for j in itertools.chain(range(min(j0, o)), range(max(j0, j1), o)):
-        cols = [c for c in (2 * j + t * d - pb for t in range(k)) if 0 <= c < n]
-        dst = out[:, j]
-        if not cols:
-            dst.fill(fill)
-        elif len(cols) == 1:
-            dst[...] = y2[:, cols[0]]
-        else:
-            ufunc(y2[:, cols[0]], y2[:, cols[1]], out=dst)
-            for c in cols[2:]:
-                ufunc(dst, y2[:, c], out=dst)
+    _edge_outputs(out, y.reshape(outer, n), j0, j1, o, k, 2, d, pb, ufunc, fill)
     return (out if o == m else out[:, :o]).reshape(y.shape[:-1] + (o,))
 
 
