@@ -605,7 +605,22 @@ def _windows_reference(x, kernel, strides, dil, pb, out_sp, ufunc, fill):
     return y
 
 
-def test_pooling_flat_passes_match_every_window():
+def _count_results(monkeypatch, module, name: str) -> dict:
+    """Wrap ``module.name`` for the test: ``counts["results"]`` counts its calls that
+    returned a result (not None), to show that a fast path did run."""
+    real = getattr(module, name)
+    counts = {"results": 0}
+
+    def counting(*args):
+        r = real(*args)
+        counts["results"] += r is not None
+        return r
+
+    monkeypatch.setattr(module, name, counting)
+    return counts
+
+
+def test_pooling_flat_passes_match_every_window(monkeypatch):
     """Box pooling runs each tap of an axis as one pass over the flattened array
     where it can (stride 1, or a stride dividing the last axis), recomputing the
     outputs whose windows reach into the padding; random shapes, windows, strides,
@@ -615,47 +630,36 @@ def test_pooling_flat_passes_match_every_window():
     from onnxrt_cpu.kernels import pool
 
     rng = np.random.default_rng(11)
-    calls = {"flat": 0}
-    real = pool._reduce_axis_flat
-
-    def counting(*args):
-        r = real(*args)
-        calls["flat"] += r is not None
-        return r
-
-    pool._reduce_axis_flat = counting
-    try:
-        for i in range(300):
-            nd = 1 + i % 3
-            k = [int(v) for v in rng.integers(1, 5, nd)]
-            s = [int(v) for v in rng.integers(1, 3, nd)]
-            d = [int(v) for v in rng.integers(1, 3, nd)] if i % 5 == 0 else [1] * nd
-            pb = [int(rng.integers(0, k[j] + 1)) for j in range(nd)]
-            pe = [int(rng.integers(0, k[j] + 1)) for j in range(nd)]
-            sp = [int(v) for v in rng.integers(1, 12, nd)]
-            out_sp = [(sp[j] + pb[j] + pe[j] - (k[j] - 1) * d[j] - 1) // s[j] + 1 for j in range(nd)]
-            if min(out_sp) < 1:
-                continue
-            shape = [1 + i % 2, 3] + sp
-            if i % 3 == 2:
-                x = rng.integers(0, 256, shape).astype(np.uint8)
-                ufunc, fill = np.maximum, 0
-            else:
-                x = rng.standard_normal(shape).astype(np.float32)
-                ufunc, fill = (np.maximum, -np.inf) if i % 2 else (np.add, 0)
-            if i % 7 == 3 and nd == 2:  # an NCHW view of channels-last memory
-                x = np.ascontiguousarray(x.transpose(0, 2, 3, 1)).transpose(0, 3, 1, 2)
-            got = pool._reduce_taps(x, k, s, d, pb, out_sp, ufunc, fill)
-            want = _windows_reference(x, k, s, d, pb, out_sp, ufunc, fill)
-            assert got.shape == want.shape, (i, k, s, d, pb, pe, sp)
-            if ufunc is np.add:
-                # the flat passes sum in the per-tap order; the reference in window order
-                np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5, err_msg=str((i, k, s, d, pb, pe, sp)))
-            else:
-                np.testing.assert_array_equal(got, want, err_msg=str((i, k, s, d, pb, pe, sp)))
-    finally:
-        pool._reduce_axis_flat = real
-    assert calls["flat"] > 50  # 108 of the axes reduced, with this seed
+    calls = _count_results(monkeypatch, pool, "_reduce_axis_flat")
+    for i in range(300):
+        nd = 1 + i % 3
+        k = [int(v) for v in rng.integers(1, 5, nd)]
+        s = [int(v) for v in rng.integers(1, 3, nd)]
+        d = [int(v) for v in rng.integers(1, 3, nd)] if i % 5 == 0 else [1] * nd
+        pb = [int(rng.integers(0, k[j] + 1)) for j in range(nd)]
+        pe = [int(rng.integers(0, k[j] + 1)) for j in range(nd)]
+        sp = [int(v) for v in rng.integers(1, 12, nd)]
+        out_sp = [(sp[j] + pb[j] + pe[j] - (k[j] - 1) * d[j] - 1) // s[j] + 1 for j in range(nd)]
+        if min(out_sp) < 1:
+            continue
+        shape = [1 + i % 2, 3] + sp
+        if i % 3 == 2:
+            x = rng.integers(0, 256, shape).astype(np.uint8)
+            ufunc, fill = np.maximum, 0
+        else:
+            x = rng.standard_normal(shape).astype(np.float32)
+            ufunc, fill = (np.maximum, -np.inf) if i % 2 else (np.add, 0)
+        if i % 7 == 3 and nd == 2:  # an NCHW view of channels-last memory
+            x = np.ascontiguousarray(x.transpose(0, 2, 3, 1)).transpose(0, 3, 1, 2)
+        got = pool._reduce_taps(x, k, s, d, pb, out_sp, ufunc, fill)
+        want = _windows_reference(x, k, s, d, pb, out_sp, ufunc, fill)
+        assert got.shape == want.shape, (i, k, s, d, pb, pe, sp)
+        if ufunc is np.add:
+            # the flat passes sum in the per-tap order; the reference in window order
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5, err_msg=str((i, k, s, d, pb, pe, sp)))
+        else:
+            np.testing.assert_array_equal(got, want, err_msg=str((i, k, s, d, pb, pe, sp)))
+    assert calls["results"] > 50  # 108 of the axes reduced, with this seed
 
 
 @pytest.mark.parametrize("dtype", [np.uint8, np.int8, np.float16, np.float32, np.int32])
@@ -673,7 +677,7 @@ def test_deinterleave_splits_even_and_odd_values(dtype, size):
     np.testing.assert_array_equal(odd.view(np.uint8), np.ascontiguousarray(flat[1::2]).view(np.uint8))
 
 
-def test_pooling_stride2_pairs_match_every_window():
+def test_pooling_stride2_pairs_match_every_window(monkeypatch):
     """A stride-2 last axis with three taps or more reduces the even and odd columns'
     contiguous halves instead of strided views; random windows, dilations, pads (up
     to the whole window), even row lengths, several dtypes and a channels-last view,
@@ -681,45 +685,34 @@ def test_pooling_stride2_pairs_match_every_window():
     from onnxrt_cpu.kernels import pool
 
     rng = np.random.default_rng(5)
-    calls = {"pairs": 0}
-    real = pool._reduce_last_pairs
-
-    def counting(*args):
-        r = real(*args)
-        calls["pairs"] += r is not None
-        return r
-
-    pool._reduce_last_pairs = counting
-    try:
-        for i in range(200):
-            nd = 1 + i % 2
-            k = [int(v) for v in rng.integers(3, 6, nd)]
-            s = [int(v) for v in rng.integers(1, 3, nd - 1)] + [2]
-            d = [int(v) for v in rng.integers(1, 3, nd)] if i % 4 == 0 else [1] * nd
-            pb = [int(rng.integers(0, k[j] + 1)) for j in range(nd)]
-            pe = [int(rng.integers(0, k[j] + 1)) for j in range(nd)]
-            sp = [int(v) for v in rng.integers(2, 14, nd - 1)] + [2 * int(rng.integers(1, 9))]
-            out_sp = [(sp[j] + pb[j] + pe[j] - (k[j] - 1) * d[j] - 1) // s[j] + 1 for j in range(nd)]
-            if min(out_sp) < 1:
-                continue
-            dtype = (np.float32, np.uint8, np.float16, np.float64)[i % 4]
-            shape = [1 + i % 2, 3] + sp
-            x = (rng.integers(0, 256, shape) if dtype == np.uint8 else rng.standard_normal(shape)).astype(dtype)
-            ufunc = np.add if i % 3 == 0 and dtype != np.uint8 else np.maximum
-            fill = 0 if ufunc is np.add or dtype == np.uint8 else -np.inf
-            if i % 5 == 1 and nd == 2:
-                x = _channels_last_view(x)
-            got = pool._reduce_taps(x, k, s, d, pb, out_sp, ufunc, fill)
-            want = _windows_reference(x, k, s, d, pb, out_sp, ufunc, fill)
-            assert got.shape == want.shape and got.dtype == want.dtype, (i, k, s, d, pb, sp)
-            if ufunc is np.add:
-                tol = 2e-3 if dtype == np.float16 else 1e-5
-                np.testing.assert_allclose(got, want, rtol=tol, atol=tol, err_msg=str((i, k, s, d, pb, pe, sp)))
-            else:
-                np.testing.assert_array_equal(got, want, err_msg=str((i, k, s, d, pb, pe, sp)))
-    finally:
-        pool._reduce_last_pairs = real
-    assert calls["pairs"] > 50
+    calls = _count_results(monkeypatch, pool, "_reduce_last_pairs")
+    for i in range(200):
+        nd = 1 + i % 2
+        k = [int(v) for v in rng.integers(3, 6, nd)]
+        s = [int(v) for v in rng.integers(1, 3, nd - 1)] + [2]
+        d = [int(v) for v in rng.integers(1, 3, nd)] if i % 4 == 0 else [1] * nd
+        pb = [int(rng.integers(0, k[j] + 1)) for j in range(nd)]
+        pe = [int(rng.integers(0, k[j] + 1)) for j in range(nd)]
+        sp = [int(v) for v in rng.integers(2, 14, nd - 1)] + [2 * int(rng.integers(1, 9))]
+        out_sp = [(sp[j] + pb[j] + pe[j] - (k[j] - 1) * d[j] - 1) // s[j] + 1 for j in range(nd)]
+        if min(out_sp) < 1:
+            continue
+        dtype = (np.float32, np.uint8, np.float16, np.float64)[i % 4]
+        shape = [1 + i % 2, 3] + sp
+        x = (rng.integers(0, 256, shape) if dtype == np.uint8 else rng.standard_normal(shape)).astype(dtype)
+        ufunc = np.add if i % 3 == 0 and dtype != np.uint8 else np.maximum
+        fill = 0 if ufunc is np.add or dtype == np.uint8 else -np.inf
+        if i % 5 == 1 and nd == 2:
+            x = _channels_last_view(x)
+        got = pool._reduce_taps(x, k, s, d, pb, out_sp, ufunc, fill)
+        want = _windows_reference(x, k, s, d, pb, out_sp, ufunc, fill)
+        assert got.shape == want.shape and got.dtype == want.dtype, (i, k, s, d, pb, sp)
+        if ufunc is np.add:
+            tol = 2e-3 if dtype == np.float16 else 1e-5
+            np.testing.assert_allclose(got, want, rtol=tol, atol=tol, err_msg=str((i, k, s, d, pb, pe, sp)))
+        else:
+            np.testing.assert_array_equal(got, want, err_msg=str((i, k, s, d, pb, pe, sp)))
+    assert calls["results"] > 50
 
 
 def _channels_last_view(x):
