@@ -306,6 +306,94 @@ def test_integer_conv_in_row_bands_equals_the_int64_convolution(threads, monkeyp
     assert sum(r1 - r0 for _, _, r0, r1 in blocks) == 3 * 40
 
 
+def test_quantized_1x1_conv_reads_its_rows_from_the_input(monkeypatch):
+    """An unpadded 1x1 QLinearConv (stride 2 here) takes its rows straight from the
+    subsampled input, without an im2col buffer; per-channel weight scales and a bias
+    reach every channel; the geometry kept per input shape serves batches of 3, 1 and
+    3 again and a new image size. Each run equals onnxruntime's bit for bit."""
+    from onnxrt_cpu.kernels import conv
+
+    gathers = []
+    scratch = conv._scratch
+    monkeypatch.setattr(conv, "_scratch", lambda *a: gathers.append(a) or scratch(*a))
+    rng = np.random.default_rng(5)
+    m, c = 24, 20
+    inits = [
+        helper.make_tensor("s_in", TensorProto.FLOAT, [], [0.05]),
+        helper.make_tensor("z_in", TensorProto.UINT8, [], [121]),
+        numpy_helper.from_array(rng.uniform(0.002, 0.02, m).astype(np.float32), "s_w"),
+        numpy_helper.from_array(np.zeros(m, np.int8), "z_w"),
+        helper.make_tensor("s_out", TensorProto.FLOAT, [], [0.07]),
+        helper.make_tensor("z_out", TensorProto.UINT8, [], [7]),
+        numpy_helper.from_array(rng.integers(-128, 128, (m, c, 1, 1)).astype(np.int8), "w"),
+        numpy_helper.from_array(rng.integers(-3000, 3000, m).astype(np.int32), "b"),
+    ]
+    node = helper.make_node("QLinearConv", ["x", "s_in", "z_in", "w", "s_w", "z_w", "s_out", "z_out", "b"],
+                            ["y"], kernel_shape=[1, 1], strides=[2, 2])
+    graph = helper.make_graph([node], "q1x1", [helper.make_tensor_value_info("x", TensorProto.UINT8, None)],
+                              [helper.make_tensor_value_info("y", TensorProto.UINT8, None)], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=10).SerializeToString()
+    sess = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
+    ref = rt.InferenceSession(model, providers=["CPUExecutionProvider"])
+    for shape in [(3, c, 15, 16), (1, c, 15, 16), (3, c, 15, 16), (2, c, 9, 7)]:
+        x = rng.integers(0, 256, shape).astype(np.uint8)
+        got, = sess.run(None, {"x": x})
+        want, = ref.run(None, {"x": x})
+        assert got.shape == want.shape
+        np.testing.assert_array_equal(got, want)
+    assert not gathers
+
+
+def test_integer_products_are_exact_on_either_side_of_the_column_sum_bound(monkeypatch):
+    """A constant 8-bit B whose columns' absolute sums times max |A| stay below 2**24
+    is multiplied in one float32 product, although K * max |A| * max |B| is far above
+    it; a B with one dense column of 127s (K = 2000, A = 255: sums of 64.8M) is cut
+    into exact chunks. Both equal the int64 product exactly."""
+    from onnxrt_cpu.kernels import quantize
+
+    calls = []
+    product = quantize.matmul_nd
+    monkeypatch.setattr(quantize, "matmul_nd", lambda a, b: calls.append(a.shape[-1]) or product(a, b))
+    rng = np.random.default_rng(6)
+    k = 2000
+    sparse = np.zeros((k, 8), np.int8)
+    sparse[rng.integers(0, k, 300), rng.integers(0, 8, 300)] = 127  # column sums <= 300 * 127
+    dense = np.zeros((k, 8), np.int8)
+    dense[:, 3] = 127
+    for b, single in ((sparse, True), (dense, False)):
+        graph = helper.make_graph(
+            [helper.make_node("MatMulInteger", ["a", "b"], ["y"])], "mmi",
+            [helper.make_tensor_value_info("a", TensorProto.UINT8, [4, k])],
+            [helper.make_tensor_value_info("y", TensorProto.INT32, None)], [numpy_helper.from_array(b, "b")],
+        )
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 10)], ir_version=10)
+        a = np.full((4, k), 255, np.uint8)
+        a[1] = rng.integers(0, 256, k)
+        calls.clear()
+        got, = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"a": a})
+        np.testing.assert_array_equal(got, a.astype(np.int64) @ b.astype(np.int64))
+        assert (calls == [k]) is single, calls
+
+
+@pytest.mark.parametrize("shape", [(8192, 16), (96, 24), (7, 16), (1, 64), (5, 3, 32)])
+def test_columns_op_equals_broadcasting(shape):
+    """rows.columns_op widens the inner loop by taking rows together with the
+    vector repeated; any row count (odd ones included) gives numpy's broadcast."""
+    from onnxrt_cpu.kernels.rows import columns_op
+
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal(shape).astype(np.float32)
+    vec = rng.standard_normal(shape[-1]).astype(np.float32)
+    for ufunc in (np.add, np.multiply):
+        y = x.copy()
+        columns_op(ufunc, y, vec)
+        np.testing.assert_array_equal(y, ufunc(x, vec))
+    if x.ndim == 2:
+        t = np.asfortranarray(x.copy())  # not C-contiguous (but for one row): numpy's own broadcast
+        columns_op(np.add, t, vec)
+        np.testing.assert_array_equal(t, x + vec)
+
+
 @pytest.mark.parametrize("table_type", [np.uint8, np.int8, np.bool_])
 @pytest.mark.parametrize("index_type", [np.uint8, np.int8])
 def test_gather_from_a_byte_table_equals_take(table_type, index_type):

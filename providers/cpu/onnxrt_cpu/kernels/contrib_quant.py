@@ -34,6 +34,7 @@ from .quantize import (
     _int_matmul,
     absmax,
     centred_bound,
+    column_l1,
     dynamic_range,
     int_matmul_f32,
     requantize,
@@ -549,6 +550,7 @@ class QGemm(Kernel):
         self.b_packed = None
         if 3 in c and 5 in c:
             self.b_packed = self._pack_b(c[3], c[5])
+            self.b_l1 = column_l1(self.b_packed)
 
     def _pack_b(self, b, zp):
         if b.ndim != 2:
@@ -587,7 +589,8 @@ class QGemm(Kernel):
                 f"{desc}: inner dimensions differ: A' is {aa.shape}, B' is {B.shape}"
             )
         A = _center(aa, np.asarray(_zp(a_zero_point, a.dtype)), False, _F32)
-        acc = _int_matmul(A, B, centred_bound(a.dtype, a_zero_point)).astype(np.float64)
+        bl1 = self.b_l1 if self.b_packed is not None else None
+        acc = _int_matmul(A, B, centred_bound(a.dtype, a_zero_point), None, bl1).astype(np.float64)
         n = B.shape[1]
         if c is not None:
             if c.dtype != np.int32:
@@ -659,6 +662,7 @@ class MatMulIntegerToFloat(Kernel):
         if 1 in c and (not has_zp or 5 in c):
             self.b_packed = _center_b_any(c[1], c.get(5) if has_zp else None, None)
             self.b_max = absmax(self.b_packed)
+            self.b_l1 = column_l1(self.b_packed)
 
     def run(
         self, a, b, a_scale, b_scale, a_zero_point=None, b_zero_point=None, bias=None
@@ -672,6 +676,7 @@ class MatMulIntegerToFloat(Kernel):
             B,
             centred_bound(a.dtype, a_zero_point),
             self.b_max if self.b_packed is not None else centred_bound(b.dtype, b_zero_point),
+            self.b_l1 if self.b_packed is not None else None,
         )
         # scaled in float32, as onnxruntime does
         y *= _scalar(a_scale, "a_scale") * _b_scale(b, b_scale)
@@ -702,6 +707,7 @@ class DynamicQuantizeMatMul(Kernel):
         if 1 in c and (not has_zp or 3 in c):
             self.b_packed = _center_b_any(c[1], c.get(3) if has_zp else None, None)
             self.b_max = absmax(self.b_packed)
+            self.b_l1 = column_l1(self.b_packed)
 
     def run(self, a, b, b_scale, b_zero_point=None, bias=None):
         desc = self.node.describe()
@@ -709,6 +715,7 @@ class DynamicQuantizeMatMul(Kernel):
         A, sa, za = _dynamic_centred(a)
         B = _center_b_any(b, b_zero_point, self.b_packed)
         bmax = self.b_max if self.b_packed is not None else centred_bound(b.dtype, b_zero_point)
-        y = int_matmul_f32(A, B, float(max(int(za), 255 - int(za))), bmax)
+        bl1 = self.b_l1 if self.b_packed is not None else None
+        y = int_matmul_f32(A, B, float(max(int(za), 255 - int(za))), bmax, bl1)
         y *= sa * _b_scale(b, b_scale)
         return (_bias(y, bias, desc),)

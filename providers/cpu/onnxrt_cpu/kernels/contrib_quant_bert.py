@@ -10,7 +10,7 @@ import numpy as np
 from ..registry import op
 from .contrib_quant import _center_b, _check_q, _col_param, _scalar, _zp
 from .contrib_transformer import Attention, EmbedLayerNormalization, _no_rotary
-from .quantize import _center, absmax, centred_bound, int_matmul_f32
+from .quantize import _center, absmax, centred_bound, column_l1, int_matmul_f32
 
 __all__ = ["QAttention", "QEmbedLayerNormalization"]
 
@@ -32,6 +32,7 @@ class QAttention(Attention):
         if 1 in c and (not has_zp or 7 in c):
             self.w_packed = _center_b(c[1], c.get(7) if has_zp else None)
             self.w_max = absmax(self.w_packed)
+            self.w_l1 = column_l1(self.w_packed)
 
     def run(
         self,
@@ -54,8 +55,8 @@ class QAttention(Attention):
             else _center_b(weight, weight_zero_point)
         )
         A = _center(x, np.asarray(_zp(input_zero_point, x.dtype)), False, _F32)
-        wmax = self.w_max if self.w_packed is not None else None
-        qkv = int_matmul_f32(A, W, centred_bound(x.dtype, input_zero_point), wmax)
+        wmax, wl1 = (self.w_max, self.w_l1) if self.w_packed is not None else (None, None)
+        qkv = int_matmul_f32(A, W, centred_bound(x.dtype, input_zero_point), wmax, wl1)
         n = W.shape[1]
         qkv *= _scalar(input_scale, "input_scale") * _col_param(
             weight_scale, n, "weight_scale"

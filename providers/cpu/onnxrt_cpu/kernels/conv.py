@@ -45,6 +45,7 @@ from onnxrt.windows import conv_transpose_geometry
 from .. import parallel
 from ..registry import op
 from .quantize import centred_bound, requantize
+from .rows import columns_op
 
 __all__ = ["conv_pads", "pad_spatial", "tap_slices", "compute_dtype"]
 
@@ -747,6 +748,21 @@ def _input_bound(x: np.ndarray, xzp, zp: int, product_bound: float) -> float:
     return max(abs(int(x.max()) - zp), abs(int(x.min()) - zp)) if x.size else 0
 
 
+def _exact_product(cols: np.ndarray, w_rows: np.ndarray, kchunk: int, dst: np.ndarray) -> None:
+    """``dst = cols @ w_rows`` for integer-valued float32 operands, exact: in chunks of
+    ``kchunk`` rows of K whose float32 products are exact, summed in float64 (exact)
+    and rounded once to float32, as float(int32) would be."""
+    k = w_rows.shape[0]
+    if kchunk >= k:
+        np.matmul(cols, w_rows, out=dst)
+        return
+    acc = None
+    for k0 in range(0, k, kchunk):
+        piece = np.matmul(cols[:, k0 : k0 + kchunk], w_rows[k0 : k0 + kchunk])
+        acc = piece.astype(np.float64) if acc is None else acc + piece
+    dst[...] = acc
+
+
 class _IntConvBase(Kernel):
     """Shared by ConvInteger and QLinearConv: exact int32 accumulation via BLAS."""
 
@@ -761,6 +777,8 @@ class _IntConvBase(Kernel):
         self.pads = a.get("pads")
         self._packed = None
         self._rows_w = None
+        self._plans = {}
+        self._bias_bound = None
         c = self.node.constants
         w = c.get(self.w_index)
         wzp_idx = self.wzp_index
@@ -775,6 +793,34 @@ class _IntConvBase(Kernel):
             w32 = self._packed[1][3]
             self._rows_w = np.ascontiguousarray(w32.transpose(2, 3, 1, 0).reshape(-1, w.shape[0]))
 
+    def _rows_plan(self, shape, w, threads):
+        """The geometry of :meth:`_accumulate_rows` for an input shape and a thread
+        count, or None where that path does not apply: ``(kernel, strides, pads begin,
+        pads end, output size, blocks)``. Kept per shape, since a run of small images
+        otherwise spends about as long deriving it as multiplying."""
+        key = (shape, threads)
+        plan = self._plans.get(key, False)
+        if plan is not False:
+            return plan
+        plan = None
+        kernel, strides, dil = spatial_attrs(self.attrs, 2, w.shape[2:])
+        n, c, h, wd = shape
+        if all(d == 1 for d in dil) and n * c * h * wd:
+            pb, pe, out_sp = conv_pads(shape[2:], kernel, strides, dil, self.pads, self.auto_pad)
+            (kh, kw), (sh, sw), (oh, ow) = kernel, strides, out_sp
+            hp, wp = h + pb[0] + pe[0], wd + pb[1] + pe[1]
+            k, m = self._rows_w.shape
+            if (min(pb) >= 0 and min(pe) >= 0 and n * oh * ow * k <= _ROWS_MAX_ELEMS
+                    and (oh - 1) * sh + kh <= hp and (ow - 1) * sw + kw <= wp):
+                # the product's multiply-adds and the im2col copy, in multiply-adds
+                work = n * oh * ow * k * (m + _IM2COL_COST)
+                used = 1 if work < parallel.PARALLEL_MIN_FLOPS else threads
+                plan = (kernel, strides, pb, pe, out_sp, _row_blocks(n, oh, ow, k, used), used)
+        if len(self._plans) >= 8:
+            self._plans.clear()  # shapes that keep changing: no unbounded growth
+        self._plans[key] = plan
+        return plan
+
     def _accumulate_rows(self, x, xzp, w):
         """The accumulator as exact float32 rows ``[N * OH * OW, M]`` (channels last),
         from the im2col of a channels-last copy of the whole batch, gathered and
@@ -783,12 +829,10 @@ class _IntConvBase(Kernel):
 
         Many small images make the banded NCHW path a long Python loop of small copies;
         here each im2col row is ``KH`` contiguous runs of ``KW * C`` values of the
-        channels-last input, gathered by a single strided copy.
+        channels-last input, gathered by a single strided copy. An unpadded 1x1
+        kernel needs no im2col: its rows are the (subsampled) input itself.
         """
         if self._rows_w is None or self._packed[0] is not w or x.ndim != 4 or x.shape[1] != w.shape[1]:
-            return None
-        kernel, strides, dil = spatial_attrs(self.attrs, 2, w.shape[2:])
-        if any(d != 1 for d in dil) or not x.size:
             return None
         zp = 0
         if xzp is not None:
@@ -796,55 +840,45 @@ class _IntConvBase(Kernel):
             if xzp.size != 1:
                 return None
             zp = int(xzp.reshape(()))
-        n, c, h, wd = x.shape
-        k = self._rows_w.shape[0]
-        wmax = self._packed[1][4]
-        xmax = _input_bound(x, xzp, zp, k * wmax)
+        plan = self._rows_plan(x.shape, w, parallel.thread_count())
+        if plan is None:
+            return None
+        (kh, kw), (sh, sw), pb, pe, (oh, ow), jobs, threads = plan
+        w_rows = self._rows_w
+        k = w_rows.shape[0]
+        l1, wmax = self._packed[1][2], self._packed[1][4]
+        xmax = _input_bound(x, xzp, zp, l1)
         # K is cut into chunks whose float32 products are exact; more than one chunk
         # sums in float64 (exact) and rounds once to float32, as float(int32) would
-        kchunk = k if not (wmax and xmax) else int((2**24 - 1) // (wmax * xmax))
+        kchunk = k if l1 * xmax < 2.0**24 else int((2**24 - 1) // (wmax * xmax))
         if kchunk < min(k, 32):
             return None
-        pb, pe, out_sp = conv_pads(x.shape[2:], kernel, strides, dil, self.pads, self.auto_pad)
-        if min(pb) < 0 or min(pe) < 0:
-            return None
-        (kh, kw), (sh, sw), (oh, ow) = kernel, strides, out_sp
-        hp, wp = h + pb[0] + pe[0], wd + pb[1] + pe[1]
-        if n * oh * ow * k > _ROWS_MAX_ELEMS or (oh - 1) * sh + kh > hp or (ow - 1) * sw + kw > wp:
-            return None
-        xp = np.zeros((n, hp, wp, c), dtype=np.float32)
+        n, c, h, wd = x.shape
+        rows_per_image = oh * ow
+        out = np.empty((n * rows_per_image, w_rows.shape[1]), dtype=np.float32)
+        if kh == kw == 1 and not any(pb) and not any(pe):
+            cols = np.empty((n, oh, ow, c), dtype=np.float32)
+            fill_channels_last(cols, x[:, :, : (oh - 1) * sh + 1 : sh, : (ow - 1) * sw + 1 : sw], zp)
+            if kchunk >= k:
+                parallel.matmul(cols.reshape(-1, c), w_rows, out=out)
+            else:
+                _exact_product(cols.reshape(-1, c), w_rows, kchunk, out)
+            return out, (n, oh, ow)
+        xp = np.zeros((n, h + pb[0] + pe[0], wd + pb[1] + pe[1], c), dtype=np.float32)
         fill_channels_last(xp[:, pb[0] : pb[0] + h, pb[1] : pb[1] + wd], x, zp)
         s_n, s_h, s_w, s_c = xp.strides
         view = np.lib.stride_tricks.as_strided(xp, (n, oh, ow, kh, kw * c), (s_n, sh * s_h, sw * s_w, s_h, s_c),
                                                writeable=False)
-        rows_per_image = oh * ow
-        w_rows = self._rows_w
-        out = np.empty((n * rows_per_image, w_rows.shape[1]), dtype=np.float32)
-        threads = parallel.thread_count()
-        # the product's multiply-adds and the im2col copy, in multiply-adds
-        work = n * rows_per_image * k * (w_rows.shape[1] + _IM2COL_COST)
-        if work < parallel.PARALLEL_MIN_FLOPS:
-            threads = 1
+
         # blocks small enough to be multiplied while in cache, claimed one at a time
         # by the threads; with fewer images than threads, bands of rows
-        jobs = _row_blocks(n, oh, ow, k, threads)
-
         def block(j):
             i0, i1, r0, r1 = jobs[j]
             count = (i1 - i0) * (r1 - r0) * ow
             cols = _scratch(count * k, np.float32).reshape(i1 - i0, r1 - r0, ow, kh, kw * c)
             np.copyto(cols, view[i0:i1, r0:r1])
-            cols = cols.reshape(count, k)
             start = i0 * rows_per_image + r0 * ow
-            dst = out[start : start + count]
-            if kchunk >= k:
-                np.matmul(cols, w_rows, out=dst)
-                return
-            acc = None
-            for k0 in range(0, k, kchunk):
-                piece = np.matmul(cols[:, k0 : k0 + kchunk], w_rows[k0 : k0 + kchunk])
-                acc = piece.astype(np.float64) if acc is None else acc + piece
-            dst[...] = acc
+            _exact_product(cols.reshape(count, k), w_rows, kchunk, out[start : start + count])
 
         parallel.parallel_for(len(jobs), block, threads)
         return out, (n, oh, ow)
@@ -862,9 +896,11 @@ class _IntConvBase(Kernel):
         # float32 copies too: used when the input's range keeps every sum exact.
         wp64 = _ConvWeights(wf, self.group, np.float64)
         wp32 = _ConvWeights(wf, self.group, np.float32)
-        kdim = math.prod(w.shape[1:])
         wmax = float(np.abs(wf).max()) if wf.size else 0.0
-        return wp32, wp64, kdim * wmax, wp32.gemm.reshape(w.shape), wmax
+        # the largest sum of one output channel's |weights|: times max |x - zp| it
+        # bounds every partial sum (several times below K * max |w| for real weights)
+        l1 = float(np.abs(wf).reshape(w.shape[0], -1).sum(axis=1).max()) if wf.size else 0.0
+        return wp32, wp64, l1, wp32.gemm.reshape(w.shape), wmax
 
     def _accumulate(self, x, xzp, w, wzp):
         """The int32 accumulator of the convolution, as an exact float array."""
@@ -881,8 +917,9 @@ class _IntConvBase(Kernel):
             if xzp.size != 1:
                 raise ValueError(f"input zero point must be a scalar, got shape {xzp.shape}")
             zp = int(xzp.reshape(()))
-        # Every partial sum is bounded by K * max|x - zp| * max|w - w_zp|; float32
-        # represents all integers below 2**24 exactly, whatever the summation order.
+        # Every partial sum is bounded by max|x - zp| times an output channel's sum of
+        # |w - w_zp| (``bound``); float32 represents all integers below 2**24 exactly,
+        # whatever the summation order.
         xmax = _input_bound(x, xzp, zp, bound)
         pb, pe, out_sp = conv_pads(x.shape[2:], kernel, strides, dil, self.pads, self.auto_pad)
         taps = math.prod(kernel)
@@ -933,7 +970,8 @@ class QLinearConv(_IntConvBase):
         m = w.shape[0]
         # a bias below 2**24 joins the exact float32 accumulator with one rounding, as
         # it would joining the int32 one
-        small_bias = b is None or (b.shape == (m,) and (not b.size or int(np.abs(b.astype(np.int64)).max()) < 2**24))
+        bmax = self._bias_max(b) if b is not None and b.shape == (m,) else None
+        small_bias = b is None or (bmax is not None and bmax < 2**24)
         rows = self._accumulate_rows(x, x_zero_point, w) if small_bias else None
         if rows is not None:
             return (self._requantize_rows(rows, x, x_scale, w_scale, y_scale, y_zero_point, b),)
@@ -959,20 +997,31 @@ class QLinearConv(_IntConvBase):
         v *= mult
         return (_requantize_output(v, x, y_zero_point),)
 
+    def _bias_max(self, b) -> int:
+        """``max |b|`` (0 if empty), kept for the last bias array seen (a constant)."""
+        cached = self._bias_bound
+        if cached is None or cached[0] is not b:
+            cached = self._bias_bound = (b, int(np.abs(b.astype(np.int64)).max()) if b.size else 0)
+        return cached[1]
+
     @staticmethod
     def _requantize_rows(rows, x, x_scale, w_scale, y_scale, y_zero_point, b):
         """:meth:`run`'s requantization on channels-last rows, then back to NCHW."""
         v, (n, oh, ow) = rows
         m = v.shape[1]
         if b is not None:
-            v += b.astype(np.float32)
+            columns_op(np.add, v, b.astype(np.float32))
         ws = np.asarray(w_scale, dtype=np.float32)
         if ws.size != 1 and ws.shape != (m,):
             raise ValueError(f"w_scale shape {ws.shape} must be scalar or ({m},)")
         ws = ws.reshape(-1) if ws.size != 1 else ws.reshape(())
         xs = np.asarray(x_scale, dtype=np.float32).reshape(())
         ys = np.asarray(y_scale, dtype=np.float32).reshape(())
-        v *= xs * ws / ys
+        mult = xs * ws / ys
+        if mult.ndim:
+            columns_op(np.multiply, v, mult)
+        else:
+            v *= mult
         q = _requantize_output(v, x, y_zero_point)
         # an NCHW view of the channels-last result: the next convolution reads it
         # channels last without a transposing copy, elementwise ops take any layout,

@@ -27,7 +27,7 @@ from .cast import SATURATING_F8, cast_array
 from .select import clip
 
 __all__ = ["DequantizeLinear", "MatMulInteger", "QLinearMatMul", "QuantizeLinear", "dynamic_quantize_linear",
-           "dynamic_range", "int_matmul_f32", "requantize"]
+           "column_l1", "dynamic_range", "int_matmul_f32", "requantize"]
 
 _F32 = np.dtype(np.float32)
 _F64 = np.dtype(np.float64)
@@ -324,18 +324,49 @@ def _k_slice(b: np.ndarray, k0: int, k1: int) -> np.ndarray:
     return b[k0:k1] if b.ndim == 1 else b[..., k0:k1, :]
 
 
-def _int_matmul(a: np.ndarray, b: np.ndarray, amax: float | None = None, bmax: float | None = None) -> np.ndarray:
+def column_l1(b: np.ndarray) -> float:
+    """The largest ``sum_k |b[k, n]|`` over the columns of ``b`` (``[..., K, N]``, or
+    ``[K]``): times ``max |a|`` it bounds every partial sum of ``a @ b``, whatever the
+    order. For real weights it is several times below ``K * max |b|``, so that one
+    exact float32 product often covers a K that the element bound cuts in chunks."""
+    if not b.size:
+        return 0.0
+    if b.ndim == 1:
+        return float(np.abs(b).sum())
+    return float(np.abs(b).sum(axis=-2).max())
+
+
+def _single_f32(a, amax, bmax, bl1, k) -> bool:
+    """Whether one float32 product of ``a`` (``|a| <= amax``, None: unknown) and ``b``
+    (``|b| <= bmax``, columns' absolute sums ``<= bl1``) keeps every partial sum exact."""
+    if amax is None:
+        return False
+    if bl1 is not None and amax * bl1 < _F32_EXACT:
+        return True
+    return bmax is not None and amax * bmax * k < _F32_EXACT
+
+
+def _int_matmul(a: np.ndarray, b: np.ndarray, amax: float | None = None, bmax: float | None = None,
+                bl1: float | None = None) -> np.ndarray:
     """Exact integer product of two centred float operands, wrapped to int32.
 
     float32 operands are multiplied in float32 chunks of K that keep every partial sum
-    below 2**24 (``amax``/``bmax`` bound ``|a|``/``|b|``; computed when not given);
-    float64 operands (or chunks too short to pay) in float64.
+    below 2**24 (``amax``/``bmax`` bound ``|a|``/``|b|``, computed when not given;
+    ``bl1``, when given, bounds ``b``'s :func:`column_l1`); float64 operands (or
+    chunks too short to pay) in float64.
     """
     k = a.shape[-1]
     if a.dtype == _F32 and b.dtype == _F32:
+        if _single_f32(a, amax, bmax, bl1, k):
+            return matmul_nd(a, b).astype(np.int32)
+        if bl1 is not None and amax is not None:
+            # a type bound was too loose: the data's own range may do
+            amax = absmax(a)
+            if _single_f32(a, amax, bmax, bl1, k):
+                return matmul_nd(a, b).astype(np.int32)
         per = (absmax(a) if amax is None else amax) * (absmax(b) if bmax is None else bmax)
         chunk = k if per == 0 else int((_F32_EXACT - 1) // per)
-        if chunk < k and amax is not None:
+        if chunk < k and amax is not None and bl1 is None:
             # a type bound was too loose: the data's own range may allow longer chunks
             per = absmax(a) * (absmax(b) if bmax is None else bmax)
             chunk = k if per == 0 else int((_F32_EXACT - 1) // per)
@@ -358,15 +389,14 @@ def _int_matmul(a: np.ndarray, b: np.ndarray, amax: float | None = None, bmax: f
     return acc.astype(np.int32)
 
 
-def int_matmul_f32(a: np.ndarray, b: np.ndarray, amax: float | None = None, bmax: float | None = None) -> np.ndarray:
+def int_matmul_f32(a: np.ndarray, b: np.ndarray, amax: float | None = None, bmax: float | None = None,
+                   bl1: float | None = None) -> np.ndarray:
     """:func:`_int_matmul` as float32: the product itself when one float32 GEMM is
     exact (no int32 round trip), else the int32 accumulator converted as
     onnxruntime's requantization converts it (``float(int32)``)."""
-    k = a.shape[-1]
-    exact = amax is not None and bmax is not None and amax * bmax * k < _F32_EXACT
-    if exact and a.dtype == _F32 and b.dtype == _F32:
+    if a.dtype == _F32 and b.dtype == _F32 and _single_f32(a, amax, bmax, bl1, a.shape[-1]):
         return matmul_nd(a, b)
-    return _int_matmul(a, b, amax, bmax).astype(_F32)
+    return _int_matmul(a, b, amax, bmax, bl1).astype(_F32)
 
 
 @op("MatMulInteger", since=10)
@@ -378,17 +408,17 @@ class MatMulInteger(Kernel):
         self.b_packed = None
         if 1 in c and (len(self.node.inputs) < 4 or not self.node.inputs[3] or 3 in c):
             bp = _center(c[1], c.get(3), False, _F32)
-            self.b_packed = (bp, absmax(bp))
+            self.b_packed = (bp, absmax(bp), column_l1(bp))
 
     def run(self, a, b, a_zero_point=None, b_zero_point=None):
         _check_matmul(a, b, "MatMulInteger")
         A = _center(a, a_zero_point, True, _F32)
         if self.b_packed is not None:
-            B, bmax = self.b_packed
+            B, bmax, bl1 = self.b_packed
         else:
             B = _center(b, b_zero_point, False, _F32)
-            bmax = None
-        return (_int_matmul(A, B, centred_bound(a.dtype, a_zero_point), bmax),)
+            bmax = bl1 = None
+        return (_int_matmul(A, B, centred_bound(a.dtype, a_zero_point), bmax, bl1),)
 
 
 def _check_matmul(a, b, name):
@@ -417,8 +447,10 @@ class QLinearMatMul(Kernel):
     def setup(self):
         c = self.node.constants
         self.b_packed = None
+        self.b_l1 = None
         if 3 in c and 5 in c:
             self.b_packed = self._centre_b(c[3], c[5])
+            self.b_l1 = column_l1(self.b_packed)
 
     @staticmethod
     def _centre_b(b, b_zero_point):
@@ -434,6 +466,7 @@ class QLinearMatMul(Kernel):
             zp = None if a_zero_point is None else _row_param(a_zero_point.astype(_F32), a)
             A = _center(a.astype(_F32), zp, False)
         B = self.b_packed if self.b_packed is not None else self._centre_b(b, b_zero_point)
+        bl1 = self.b_l1 if self.b_packed is not None else None
         exact = a.dtype.kind in "iu" and b.dtype.kind in "iu"
         sa = _row_param(a_scale, a)
         # the scale ratio is formed in the scales' own precision
@@ -443,7 +476,7 @@ class QLinearMatMul(Kernel):
         if exact and out in _BYTE_RANGES and mult.dtype == _F32 and None not in bounds:
             # 8-bit in and out with float32 scales: the accumulator times the float32
             # ratio, rounded, offset and saturated in float32 (onnxruntime's requantization)
-            v = int_matmul_f32(A, B, *bounds)
+            v = int_matmul_f32(A, B, *bounds, bl1)
             v *= mult
             np.rint(v, out=v)
             if y_zero_point is not None:
@@ -452,7 +485,7 @@ class QLinearMatMul(Kernel):
             clip(v, lo, hi, out=v)
             return (v.astype(out),)
         if exact:
-            acc = _int_matmul(A, B, *bounds).astype(_F64)
+            acc = _int_matmul(A, B, *bounds, bl1).astype(_F64)
         else:
             acc = np.matmul(A.astype(_F64, copy=False), B.astype(_F64, copy=False))
         v = np.asarray(acc * mult.astype(_F64))
