@@ -268,13 +268,15 @@ def _attention_inputs(b=2, s=5, d=16, mask=None, past=None, bias_add=None):
     }
 
 
-@pytest.mark.parametrize("mask_kind", ["none", "1d", "2d", "3d", "2b"])
+@pytest.mark.parametrize("mask_kind", ["none", "1d", "1d-full", "2d", "2d-full", "3d", "2b"])
 def test_attention_masks(mask_kind):
     b, s = 2, 5
     mask = {
         "none": None,
         "1d": np.array([5, 3], np.int32),
+        "1d-full": np.array([5, 5], np.int32),
         "2d": np.array([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]], np.int32),
+        "2d-full": np.ones((b, s), np.int32),
         "3d": (RNG.random((b, s, s)) > 0.3).astype(np.int32),
         "2b": np.array([5, 4, 0, 1], np.int32),
     }[mask_kind]

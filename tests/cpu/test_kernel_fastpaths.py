@@ -394,6 +394,32 @@ def test_columns_op_equals_broadcasting(shape):
         np.testing.assert_array_equal(t, x + vec)
 
 
+def test_softmax_goes_straight_to_the_shift_once_a_call_needed_it(monkeypatch):
+    """A Softmax whose logits overflow exp needs the shift by the row maximum; from
+    then on the kernel skips the unshifted attempt, and both kinds of logits still
+    give onnxruntime's probabilities."""
+    from onnxrt_cpu.kernels import rows
+
+    attempts = []
+    unshifted = rows.unshifted_softmax
+    monkeypatch.setattr(rows, "unshifted_softmax", lambda x: attempts.append(x.shape) or unshifted(x))
+    model = make_model(
+        [helper.make_node("Softmax", ["x"], ["y"], axis=-1)],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [16, 32])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+    ).SerializeToString()
+    sess = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
+    ref = rt.InferenceSession(model, providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(8)
+    small = rng.standard_normal((16, 32)).astype(np.float32)
+    large = small * np.float32(1e4)
+    for x, tries in ((small, 1), (large, 2), (small, 2), (large, 2)):
+        got, = sess.run(None, {"x": x})
+        want, = ref.run(None, {"x": x})
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+        assert len(attempts) == tries
+
+
 @pytest.mark.parametrize("table_type", [np.uint8, np.int8, np.bool_])
 @pytest.mark.parametrize("index_type", [np.uint8, np.int8])
 def test_gather_from_a_byte_table_equals_take(table_type, index_type):

@@ -300,6 +300,32 @@ def test_dynamic_quantize_rounds_half_to_even_and_saturates():
     np.testing.assert_array_equal(got[0][:6], [0, 0, 2, 2, 4, 254])
 
 
+def test_dynamic_quantize_saturates_where_the_rounded_top_overshoots():
+    """Most ranges quantize within [0, 255] without a clip, which is then skipped;
+    in this one the float32 scale rounds so that the largest value's quotient rounds
+    to 256 - zero point, and it must saturate to 255, as in onnxruntime (a
+    DynamicQuantizeLinear and a DynamicQuantizeMatMul reading the same values)."""
+    x = np.array([-6.7877421379089355, 0.25, 9.464598655700684], np.float32)
+    model = _dql_model().SerializeToString()
+    got = onnxrt.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    exp = ort.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    for g, e in zip(got, exp):
+        np.testing.assert_array_equal(g, e)
+    assert got[0][-1] == 255 and got[2] == 107
+    b = np.identity(3, dtype=np.uint8)
+    graph = helper.make_graph(
+        [helper.make_node("DynamicQuantizeMatMul", ["x", "b", "bs"], ["y"], domain="com.microsoft")], "dqmm",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(b, "b"), numpy_helper.from_array(np.array(1.0, np.float32), "bs")],
+    )
+    mm = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13), helper.make_opsetid("com.microsoft", 1)],
+                           ir_version=10).SerializeToString()
+    got, = onnxrt.InferenceSession(mm, providers=["CPUExecutionProvider"]).run(None, {"x": x[None]})
+    exp, = ort.InferenceSession(mm, providers=["CPUExecutionProvider"]).run(None, {"x": x[None]})
+    np.testing.assert_array_equal(got, exp)
+
+
 def _op_zoo_model():
     """A small float CNN using the ops the QOperator quantizer has com.microsoft
     kernels for: LeakyRelu, Sigmoid, AveragePool, Concat, Mul, Softmax."""

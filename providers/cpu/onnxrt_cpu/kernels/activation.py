@@ -17,7 +17,7 @@ from onnxrt.kernel import Kernel
 
 from ..registry import op
 from .math import erf, is_low_float
-from .rows import row_max, row_sum, softmax_rows
+from .rows import SoftmaxRoute, row_max, row_sum, softmax_rows
 from .select import relu as _relu
 
 _F32 = np.dtype(np.float32)
@@ -339,11 +339,15 @@ class Softmax(_Normalize):
 
     native_narrow = True
 
+    def setup(self):
+        super().setup()
+        self._route = SoftmaxRoute()
+
     def _apply(self, x, axis):
         if x.size == 0:
             return x.copy()
         if axis == x.ndim - 1:
-            return softmax_rows(x)
+            return softmax_rows(x, self._route)
         with np.errstate(invalid="ignore", over="ignore", under="ignore"):
             y = x - _amax(x, axis)
             np.exp(y, out=y)

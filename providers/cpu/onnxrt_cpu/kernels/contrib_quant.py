@@ -687,10 +687,11 @@ def _dynamic_centred(x: np.ndarray):
     """DynamicQuantizeLinear's ``q - zero_point`` as exact float32, with its scale and
     zero point: ``clip(rint(x / s) + z, 0, 255) - z`` is ``clip(rint(x / s), -z, 255 - z)``
     for these integers, which spares the uint8 round trip."""
-    xf, scale, zp = dynamic_range(x)
+    xf, scale, zp, saturates = dynamic_range(x)
     v = np.divide(xf, scale, dtype=_F32)
     np.rint(v, out=v)
-    clip(v, -zp, np.float32(255) - zp, out=v)
+    if saturates:
+        clip(v, -zp, np.float32(255) - zp, out=v)
     return v, scale, np.uint8(zp)
 
 

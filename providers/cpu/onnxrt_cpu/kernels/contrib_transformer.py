@@ -21,7 +21,7 @@ from ..parallel import matmul_nd, parallel_for, thread_count
 from ..registry import op
 from .activation import swish
 from .math import erf
-from .rows import row_mean, row_sum, softmax_rows
+from .rows import SoftmaxRoute, row_mean, row_sum, softmax_rows
 
 __all__ = [
     "Attention",
@@ -290,10 +290,14 @@ class EmbedLayerNormalization(Kernel):
         h = word_embedding.shape[1]
         v = _take(word_embedding, input_ids, "input_ids", name)
         if position_ids is None:
-            pos = np.broadcast_to(np.arange(s), (b, s))
+            # positions 0 .. S-1 of every row: the table's first S rows, broadcast
+            if s > position_embedding.shape[0]:
+                raise IndexError(
+                    f"{name}: position_ids must be in [0, {position_embedding.shape[0]}), got values in [0, {s - 1}]"
+                )
+            v += position_embedding[:s]
         else:
-            pos = np.broadcast_to(position_ids, (b, s))
-        v = v + _take(position_embedding, pos, "position_ids", name)
+            v += _take(position_embedding, np.broadcast_to(position_ids, (b, s)), "position_ids", name)
         if segment_ids is not None and segment_embedding is not None:
             v += _take(segment_embedding, segment_ids, "segment_ids", name)
         v = _work(v)
@@ -320,12 +324,20 @@ class EmbedLayerNormalization(Kernel):
         return tuple(outs)
 
 
+#: Unsigned views of signed index types: one maximum over the view finds both
+#: negative indices (huge there) and indices past the table.
+_UNSIGNED = {np.dtype(np.int64): np.uint64, np.dtype(np.int32): np.uint32}
+
+
 def _take(table, ids, what, name):
     n = table.shape[0]
-    if ids.size and (ids.min() < 0 or ids.max() >= n):
-        raise IndexError(
-            f"{name}: {what} must be in [0, {n}), got values in [{ids.min()}, {ids.max()}]"
-        )
+    if ids.size:
+        wide = _UNSIGNED.get(ids.dtype)
+        bad = ids.view(wide).max() >= n if wide is not None else (ids.min() < 0 or ids.max() >= n)
+        if bad:
+            raise IndexError(
+                f"{name}: {what} must be in [0, {n}), got values in [{ids.min()}, {ids.max()}]"
+            )
     return table[ids]
 
 
@@ -343,6 +355,8 @@ def _key_mask(mask, b, s, total, past, filt, name, allow_4d=True):
     if m.ndim == 1:
         cols = np.arange(total)
         if m.shape[0] == b:  # right padding: valid length per batch
+            if m.size and m.min() >= total:
+                return None  # no padding: an all-zero mask changes no score
             bad = cols[None, :] >= m[:, None]
         elif m.shape[0] == 2 * b:  # exclusive ends, then inclusive starts
             end, start = m[:b], m[b:]
@@ -357,6 +371,8 @@ def _key_mask(mask, b, s, total, past, filt, name, allow_4d=True):
             raise ValueError(
                 f"{name}: a 2-D mask must have shape ({b}, {total}), got {m.shape}"
             )
+        if m.all():
+            return None  # nothing masked: an all-zero mask changes no score
         return np.where(m == 0, fill, zero).reshape(b, 1, 1, total)
     if m.ndim == 3:
         if m.shape != (b, s, total):
@@ -374,8 +390,9 @@ def _key_mask(mask, b, s, total, past, filt, name, allow_4d=True):
     raise ValueError(f"{name}: mask of rank {m.ndim} is not supported")
 
 
-def _sdpa(q, k, v, scale, add_mask, attention_bias, causal, past, filt, name):
-    """``softmax(q k^T * scale + masks) v`` on ``[B, N, S, H]`` operands."""
+def _sdpa(q, k, v, scale, add_mask, attention_bias, causal, past, filt, name, route=None):
+    """``softmax(q k^T * scale + masks) v`` on ``[B, N, S, H]`` operands (``route``:
+    the calling kernel's :class:`SoftmaxRoute`)."""
     scores = matmul_nd(q, k.swapaxes(-1, -2))
     scores *= scores.dtype.type(scale)
     s, t = scores.shape[-2:]
@@ -392,7 +409,7 @@ def _sdpa(q, k, v, scale, add_mask, attention_bias, causal, past, filt, name):
             raise ValueError(
                 f"{name}: attention_bias of shape {attention_bias.shape} does not broadcast to {scores.shape}"
             ) from None
-    probs = softmax_rows(scores)
+    probs = softmax_rows(scores, route)
     return matmul_nd(probs, v), probs
 
 
@@ -433,6 +450,7 @@ class Attention(Kernel):
         self.filt = float(a.get("mask_filter_value", -10000.0))
         self.scale = a.get("scale")
         self.n_out = len(self.node.outputs)
+        self._route = SoftmaxRoute()
         w = self.node.constants.get(1)
         self.w_packed = None if w is None else np.ascontiguousarray(_work(w))
 
@@ -509,7 +527,7 @@ class Attention(Kernel):
         scale = self.scale if self.scale is not None else 1.0 / math.sqrt(hq // self.n)
         mask = _key_mask(mask_index, b, s, total, past_len, self.filt, name)
         out, _ = _sdpa(
-            q, k, v, scale, mask, attention_bias, self.causal, past_len, self.filt, name
+            q, k, v, scale, mask, attention_bias, self.causal, past_len, self.filt, name, self._route
         )
         outs = [_back(_merge(out), dtype)]
         if self.n_out > 1:
@@ -531,6 +549,7 @@ class MultiHeadAttention(Kernel):
         self.filt = float(a.get("mask_filter_value", -10000.0))
         self.scale = a.get("scale")
         self.n_out = len(self.node.outputs)
+        self._route = SoftmaxRoute()
 
     def run(
         self,
@@ -623,7 +642,7 @@ class MultiHeadAttention(Kernel):
             key_padding_mask, b, s, total, past_len, self.filt, name, allow_4d=False
         )
         out, probs = _sdpa(
-            q, k, v, scale, mask, attention_bias, self.causal, past_len, self.filt, name
+            q, k, v, scale, mask, attention_bias, self.causal, past_len, self.filt, name, self._route
         )
         dt = query.dtype
         outs = [_back(_merge(out), dt)]

@@ -22,7 +22,8 @@ import functools
 
 import numpy as np
 
-__all__ = ["columns_op", "plane_sum", "row_max", "row_mean", "row_sum", "softmax_rows", "unshifted_softmax"]
+__all__ = ["SoftmaxRoute", "columns_op", "plane_sum", "row_max", "row_mean", "row_sum", "softmax_rows",
+           "unshifted_softmax"]
 
 _BLAS_TYPES = (np.dtype(np.float32), np.dtype(np.float64))
 # rows of at most this many values are maximized through the transposed copy
@@ -126,12 +127,29 @@ def unshifted_softmax(x: np.ndarray) -> np.ndarray | None:
     return y
 
 
-def softmax_rows(x: np.ndarray) -> np.ndarray:
+class SoftmaxRoute:
+    """Whether one kernel's softmax has needed the shift by the row maximum: its
+    later calls then go straight to the shifted route, instead of first spending an
+    ``exp`` pass on the unshifted one (models whose logits are large, such as
+    attention with untrained weights, need the shift on every call). Either route
+    gives the same probabilities, so a stale flag costs time, never accuracy."""
+
+    __slots__ = ("shifted",)
+
+    def __init__(self):
+        self.shifted = False
+
+
+def softmax_rows(x: np.ndarray, route: SoftmaxRoute | None = None) -> np.ndarray:
     """Softmax over the last axis, into a new array: :func:`unshifted_softmax` where
-    it applies, else shifted by each row's maximum."""
-    y = unshifted_softmax(x)
-    if y is not None:
-        return y
+    it applies, else shifted by each row's maximum (directly, once ``route`` has
+    seen the unshifted route fail)."""
+    if route is None or not route.shifted:
+        y = unshifted_softmax(x)
+        if y is not None:
+            return y
+        if route is not None:
+            route.shifted = True
     with np.errstate(over="ignore", under="ignore", invalid="ignore"):
         y = x - row_max(x)
         np.exp(y, out=y)
