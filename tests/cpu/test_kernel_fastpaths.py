@@ -1,8 +1,9 @@
 """The CPU provider's fast paths give onnxruntime's answers, and threads behave.
 
 - Conv: every lowering (1x1 as a plain GEMM, banded im2col + GEMM, one band with the
-  product split over threads, grouped, depthwise through strided phases or on the input's row pitch) at 1 and 2
-  kernel threads, against onnxruntime;
+  product split over threads, grouped, depthwise through strided phases or on the input's row pitch,
+  channels-last im2col of batches with one or two outputs per row) at 1 and 2 kernel threads, against
+  onnxruntime;
 - ``onnxrt_cpu.parallel``: ``parallel_for`` runs each chunk once and re-raises
   errors; the split matrix products equal ``np.matmul``;
 - ``onnxrt.threads``: a run sees its session's ``intra_op_num_threads`` and a
@@ -77,6 +78,9 @@ CONVS = [
     ("batch-3x3-s2-dil-rows", (5, 12, 19, 17), (24, 12, 3, 3),
      {"pads": [2, 0, 1, 2], "strides": [2, 1], "dilations": [2, 1]}),
     ("batch-many-blocks", (64, 8, 24, 24), (16, 8, 3, 3), {"pads": [1, 1, 1, 1]}),
+    # up to 16 output channels and an even output width: two outputs per im2col row
+    ("batch-paired-dil-rows", (3, 6, 13, 14), (12, 6, 3, 3), {"pads": [1, 1, 2, 1], "dilations": [2, 1]}),
+    ("batch-odd-width", (3, 4, 9, 9), (8, 4, 3, 3), {}),
     ("conv1d", (2, 16, 500), (32, 16, 5), {"pads": [2, 2]}),
     ("conv1d-depthwise", (1, 32, 300), (32, 1, 7), {"group": 32, "strides": [3]}),
     ("conv3d", (1, 8, 10, 12, 12), (16, 8, 3, 3, 3), {"pads": [1, 1, 1, 1, 1, 1], "strides": [1, 2, 2]}),

@@ -165,7 +165,7 @@ class _ConvWeights:
     ``[C, prod(k)]`` when the node is a depthwise convolution (else ``None``).
     """
 
-    __slots__ = ("shape", "group", "kernel", "gemm", "depthwise", "absmax", "_rows", "_biased")
+    __slots__ = ("shape", "group", "kernel", "gemm", "depthwise", "absmax", "_rows", "_biased", "_paired")
 
     def __init__(self, w: np.ndarray, group: int, dtype: np.dtype):
         if w.ndim < 3:
@@ -180,6 +180,7 @@ class _ConvWeights:
         self.absmax = None
         self._rows = None
         self._biased = None
+        self._paired = None
         wc = np.asarray(w, dtype=dtype)
         if group > 1 and w.shape[1] == 1 and m == group:
             self.depthwise = np.ascontiguousarray(wc.reshape(m, -1))
@@ -193,6 +194,17 @@ class _ConvWeights:
             w4 = self.gemm.reshape(m, c, kh, kw)
             self._rows = np.ascontiguousarray(w4.transpose(2, 3, 1, 0).reshape(kh * kw * c, m))
         return self._rows
+
+    def paired(self, sw: int, pairs: int) -> np.ndarray:
+        """:meth:`rows`, widened by :func:`paired_rows` for ``pairs`` outputs per row
+        at column stride ``sw`` (kept for the last setting asked for)."""
+        if pairs == 1:
+            return self.rows()
+        cached = self._paired
+        if cached is None or cached[0] != (sw, pairs):
+            m, c, kh, kw = self.shape
+            cached = self._paired = ((sw, pairs), paired_rows(self.rows(), kh, kw, c, sw, pairs))
+        return cached[1]
 
     def biased(self, bias: np.ndarray) -> np.ndarray:
         """The group-1 GEMM weight ``[M, K + 1]`` with ``bias`` (``[M]``) as its last
@@ -457,6 +469,71 @@ def fill_channels_last(dst: np.ndarray, x: np.ndarray, shift=0) -> None:
     np.subtract(xt, shift, out=dst, dtype=dst.dtype, casting="unsafe")
 
 
+#: Up to this many output channels, two adjacent output positions share one row of
+#: the channels-last im2col (see :func:`paired_rows`).
+_PAIR_MAX_CHANNELS = 16
+
+
+def pair_count(m: int, ow: int) -> int:
+    """Adjacent output columns per im2col row for ``m`` output channels and output
+    width ``ow``: 2 for few channels (and an even width), else 1."""
+    return 2 if m <= _PAIR_MAX_CHANNELS and ow % 2 == 0 else 1
+
+
+def paired_rows(w_rows: np.ndarray, kh: int, kw: int, c: int, sw: int, pairs: int) -> np.ndarray:
+    """The channels-last GEMM weight ``[kh * kw * C, M]`` widened to compute ``pairs``
+    adjacent output columns per im2col row: ``[kh * fw * C, pairs * M]`` with
+    ``fw = (pairs - 1) * sw + kw`` input columns, each output's taps at its own
+    offset and zeros elsewhere.
+
+    With 16 output channels a GEMM runs far below BLAS's peak (``[1024, 147] @
+    [147, 16]`` for a 7x7 stem), and the im2col copy of short runs costs as much as
+    the product. Two outputs per row double N and share the overlap of their
+    windows: a third more multiply-adds, at a better rate, and half as many copied
+    runs, each longer, of two thirds of the data (one 64x64 image of a 7x7 stride-2
+    stem: copy 60 -> 33 us, product 67 -> 71 us; 16 channels 3x3 on 4 images of
+    16x16: 42 -> 16 and 57 -> 58 us; with 32 channels the product lost what the copy
+    saved, and four outputs per row lost on the product).
+    """
+    m = w_rows.shape[1]
+    w = w_rows.reshape(kh, kw, c, m)
+    fw = (pairs - 1) * sw + kw
+    wide = np.zeros((kh, fw, c, pairs, m), dtype=w_rows.dtype)
+    for j in range(pairs):
+        wide[:, j * sw : j * sw + kw, :, j, :] = w
+    return wide.reshape(kh * fw * c, pairs * m)
+
+
+def _rows_product(xp, kernel, strides, out_sp, w_rows, pairs, jobs, threads, out, product, dh=1) -> None:
+    """``out`` ``[N * OH * OW, M]`` (channels last) from the padded channels-last
+    input ``xp``: each block of ``jobs`` (:func:`_row_blocks` over ``OW / pairs``
+    columns) gathers its im2col rows with one strided copy and calls
+    ``product(cols, w_rows, dst)``, the blocks claimed by ``threads`` threads.
+    ``w_rows`` is :func:`paired_rows`'s weight for ``pairs`` outputs per row; ``dh``
+    dilates the kernel rows (its columns are not dilated)."""
+    n, c = xp.shape[0], xp.shape[3]
+    (kh, kw), (sh, sw), (oh, ow) = kernel, strides, out_sp
+    fw = (pairs - 1) * sw + kw
+    owp = ow // pairs
+    k = w_rows.shape[0]
+    s_n, s_h, s_w, s_c = xp.strides
+    view = np.lib.stride_tricks.as_strided(
+        xp, (n, oh, owp, kh, fw * c), (s_n, sh * s_h, pairs * sw * s_w, dh * s_h, s_c), writeable=False
+    )
+    per = oh * owp
+    out2 = out.reshape(n * per, w_rows.shape[1])
+
+    def block(j):
+        i0, i1, r0, r1 = jobs[j]
+        count = (i1 - i0) * (r1 - r0) * owp
+        cols = _scratch(count * k, xp.dtype).reshape(i1 - i0, r1 - r0, owp, kh, fw * c)
+        np.copyto(cols, view[i0:i1, r0:r1])
+        start = i0 * per + r0 * owp
+        product(cols.reshape(count, k), w_rows, out2[start : start + count])
+
+    parallel.parallel_for(len(jobs), block, threads)
+
+
 def _conv_rows(x, wp, strides, dilations, pb, pe, out_sp, y, pad_value):
     """A 2-D, group-1 convolution of a batch of small images into ``y``, channels last.
 
@@ -471,31 +548,21 @@ def _conv_rows(x, wp, strides, dilations, pb, pe, out_sp, y, pad_value):
     the result is transposed back to NCHW at the end.
     """
     n, c, h, w = x.shape
-    (kh, kw), (sh, sw), (dh, _), (oh, ow) = wp.kernel, strides, dilations, out_sp
+    (kh, kw), (oh, ow) = wp.kernel, out_sp
     hp, wpad = h + pb[0] + pe[0], w + pb[1] + pe[1]
     xp = np.full((n, hp, wpad, c), pad_value, dtype=x.dtype) if pad_value else np.zeros((n, hp, wpad, c), x.dtype)
     fill_channels_last(xp[:, pb[0] : pb[0] + h, pb[1] : pb[1] + w], x)
-    s_n, s_h, s_w, s_c = xp.strides
-    view = np.lib.stride_tricks.as_strided(
-        xp, (n, oh, ow, kh, kw * c), (s_n, sh * s_h, sw * s_w, dh * s_h, s_c), writeable=False
-    )
-    w_rows = wp.rows()
-    k, m = w_rows.shape
+    k, m = kh * kw * c, wp.shape[0]
+    pairs = pair_count(m, ow)
+    w_rows = wp.paired(strides[1], pairs)
     per = oh * ow
     out = np.empty((n * per, m), dtype=x.dtype)
     threads = parallel.thread_count()
     if n * per * k * m < parallel.PARALLEL_MIN_FLOPS:
         threads = 1
-    jobs = _row_blocks(n, oh, ow, k, threads)
-
-    def part(j):
-        i0, i1, r0, r1 = jobs[j]
-        cols = _scratch((i1 - i0) * (r1 - r0) * ow * k, x.dtype).reshape(i1 - i0, r1 - r0, ow, kh, kw * c)
-        np.copyto(cols, view[i0:i1, r0:r1])
-        a = i0 * per + r0 * ow
-        np.matmul(cols.reshape(-1, k), w_rows, out=out[a : a + (i1 - i0) * (r1 - r0) * ow])
-
-    parallel.parallel_for(len(jobs), part, threads)
+    jobs = _row_blocks(n, oh, ow // pairs, w_rows.shape[0], threads)
+    _rows_product(xp, wp.kernel, strides, out_sp, w_rows, pairs, jobs, threads, out,
+                  lambda a, b, dst: np.matmul(a, b, out=dst), dilations[0])
     y.reshape(n, m, per)[...] = out.reshape(n, per, m).transpose(0, 2, 1)
 
 
@@ -796,8 +863,9 @@ class _IntConvBase(Kernel):
     def _rows_plan(self, shape, w, threads):
         """The geometry of :meth:`_accumulate_rows` for an input shape and a thread
         count, or None where that path does not apply: ``(kernel, strides, pads begin,
-        pads end, output size, blocks)``. Kept per shape, since a run of small images
-        otherwise spends about as long deriving it as multiplying."""
+        pads end, output size, blocks, threads, outputs per im2col row, their weight)``.
+        Kept per shape, since a run of small images otherwise spends about as long
+        deriving it as multiplying."""
         key = (shape, threads)
         plan = self._plans.get(key, False)
         if plan is not False:
@@ -815,7 +883,10 @@ class _IntConvBase(Kernel):
                 # the product's multiply-adds and the im2col copy, in multiply-adds
                 work = n * oh * ow * k * (m + _IM2COL_COST)
                 used = 1 if work < parallel.PARALLEL_MIN_FLOPS else threads
-                plan = (kernel, strides, pb, pe, out_sp, _row_blocks(n, oh, ow, k, used), used)
+                pairs = 1 if kh == kw == 1 else pair_count(m, ow)
+                w_rows = self._rows_w if pairs == 1 else paired_rows(self._rows_w, kh, kw, c, sw, pairs)
+                jobs = _row_blocks(n, oh, ow // pairs, w_rows.shape[0], used)
+                plan = (kernel, strides, pb, pe, out_sp, jobs, used, pairs, w_rows)
         if len(self._plans) >= 8:
             self._plans.clear()  # shapes that keep changing: no unbounded growth
         self._plans[key] = plan
@@ -843,14 +914,14 @@ class _IntConvBase(Kernel):
         plan = self._rows_plan(x.shape, w, parallel.thread_count())
         if plan is None:
             return None
-        (kh, kw), (sh, sw), pb, pe, (oh, ow), jobs, threads = plan
+        (kh, kw), (sh, sw), pb, pe, (oh, ow), jobs, threads, pairs, paired = plan
         w_rows = self._rows_w
         k = w_rows.shape[0]
         l1, wmax = self._packed[1][2], self._packed[1][4]
         xmax = _input_bound(x, xzp, zp, l1)
         # K is cut into chunks whose float32 products are exact; more than one chunk
         # sums in float64 (exact) and rounds once to float32, as float(int32) would
-        kchunk = k if l1 * xmax < 2.0**24 else int((2**24 - 1) // (wmax * xmax))
+        kchunk = paired.shape[0] if l1 * xmax < 2.0**24 else int((2**24 - 1) // (wmax * xmax))
         if kchunk < min(k, 32):
             return None
         n, c, h, wd = x.shape
@@ -866,21 +937,12 @@ class _IntConvBase(Kernel):
             return out, (n, oh, ow)
         xp = np.zeros((n, h + pb[0] + pe[0], wd + pb[1] + pe[1], c), dtype=np.float32)
         fill_channels_last(xp[:, pb[0] : pb[0] + h, pb[1] : pb[1] + wd], x, zp)
-        s_n, s_h, s_w, s_c = xp.strides
-        view = np.lib.stride_tricks.as_strided(xp, (n, oh, ow, kh, kw * c), (s_n, sh * s_h, sw * s_w, s_h, s_c),
-                                               writeable=False)
-
         # blocks small enough to be multiplied while in cache, claimed one at a time
-        # by the threads; with fewer images than threads, bands of rows
-        def block(j):
-            i0, i1, r0, r1 = jobs[j]
-            count = (i1 - i0) * (r1 - r0) * ow
-            cols = _scratch(count * k, np.float32).reshape(i1 - i0, r1 - r0, ow, kh, kw * c)
-            np.copyto(cols, view[i0:i1, r0:r1])
-            start = i0 * rows_per_image + r0 * ow
-            _exact_product(cols.reshape(count, k), w_rows, kchunk, out[start : start + count])
-
-        parallel.parallel_for(len(jobs), block, threads)
+        # by the threads; with fewer images than threads, bands of rows. The widened
+        # weight has zeros only where the plain one has none: the same column sums,
+        # hence the same exact chunks
+        _rows_product(xp, (kh, kw), (sh, sw), (oh, ow), paired, pairs, jobs, threads, out,
+                      lambda a, b, dst: _exact_product(a, b, kchunk, dst))
         return out, (n, oh, ow)
 
     def _pack(self, w, wzp):
