@@ -350,9 +350,10 @@ def column_l1(b: np.ndarray) -> float:
     return float(np.abs(b).sum(axis=-2).max())
 
 
-def _single_f32(a, amax, bmax, bl1, k) -> bool:
-    """Whether one float32 product of ``a`` (``|a| <= amax``, None: unknown) and ``b``
-    (``|b| <= bmax``, columns' absolute sums ``<= bl1``) keeps every partial sum exact."""
+def _single_f32(amax, bmax, bl1, k) -> bool:
+    """Whether one float32 product ``a @ b`` over ``k`` keeps every partial sum exact,
+    given ``|a| <= amax`` (None: unknown), ``|b| <= bmax`` and the columns' absolute
+    sums of ``b`` at most ``bl1``."""
     if amax is None:
         return False
     if bl1 is not None and amax * bl1 < _F32_EXACT:
@@ -371,12 +372,12 @@ def _int_matmul(a: np.ndarray, b: np.ndarray, amax: float | None = None, bmax: f
     """
     k = a.shape[-1]
     if a.dtype == _F32 and b.dtype == _F32:
-        if _single_f32(a, amax, bmax, bl1, k):
+        if _single_f32(amax, bmax, bl1, k):
             return matmul_nd(a, b).astype(np.int32)
         if bl1 is not None and amax is not None:
             # a type bound was too loose: the data's own range may do
             amax = absmax(a)
-            if _single_f32(a, amax, bmax, bl1, k):
+            if _single_f32(amax, bmax, bl1, k):
                 return matmul_nd(a, b).astype(np.int32)
         per = (absmax(a) if amax is None else amax) * (absmax(b) if bmax is None else bmax)
         chunk = k if per == 0 else int((_F32_EXACT - 1) // per)
@@ -408,7 +409,7 @@ def int_matmul_f32(a: np.ndarray, b: np.ndarray, amax: float | None = None, bmax
     """:func:`_int_matmul` as float32: the product itself when one float32 GEMM is
     exact (no int32 round trip), else the int32 accumulator converted as
     onnxruntime's requantization converts it (``float(int32)``)."""
-    if a.dtype == _F32 and b.dtype == _F32 and _single_f32(a, amax, bmax, bl1, a.shape[-1]):
+    if a.dtype == _F32 and b.dtype == _F32 and _single_f32(amax, bmax, bl1, a.shape[-1]):
         return matmul_nd(a, b)
     return _int_matmul(a, b, amax, bmax, bl1).astype(_F32)
 
