@@ -597,14 +597,17 @@ def test_qlinear_binary_table_equals_direct_computation(op_type, dt, a_shape, b_
 @pytest.mark.parametrize("op_type", ["QLinearAdd", "QLinearMul"])
 @pytest.mark.parametrize("const", ["a", "b"])
 @pytest.mark.parametrize("var_shape,const_shape", [((256, 7), (7,)), ((256, 3, 5), (3, 1)), ((256,), ()),
-                                                   ((4,), (3, 4))])
+                                                   ((4,), (3, 4)), ((2, 128), (1,)), ((256, 9), (1, 9)),
+                                                   ((256, 200), (200,))])
 @pytest.mark.parametrize("zero_points", [True, False])
 def test_qlinear_binary_constant_operand_equals_direct_computation(op_type, dt, const, var_shape, const_shape,
                                                                   zero_points):
     """A constant operand's float side is computed once and the other operand's steps
     run directly (or, where the result outgrows the varying operand, the table is
-    used): the same bits as computing everything at run time, for every code of the
-    varying operand against every constant value."""
+    used); a constant of one value reads its 256 entries of the table by raw byte,
+    one value per column its columns' entries (while they fit in cache: 200 columns
+    run the direct steps). The same bits as computing everything at run time, for
+    every code of the varying operand against every constant value."""
     node, consts = _binary_node(op_type, dt, (0.043, 0.019, 0.061 if op_type == "QLinearAdd" else 0.011),
                                 zero_points)
     codes = np.arange(256, dtype=np.uint8).view(dt)
@@ -616,6 +619,14 @@ def test_qlinear_binary_constant_operand_equals_direct_computation(op_type, dt, 
         providers=["CPUExecutionProvider"])
     kernel = built._built.plan.steps[0].fn.__self__
     assert kernel.fixed is not None and kernel.fixed[0] == (0 if const == "a" else 3)
+    size = int(np.prod(const_shape))
+    lookup = kernel.fixed_lookup
+    if size == 1:
+        assert isinstance(lookup, bytes) and len(lookup) == 256
+    elif const_shape and size == const_shape[-1] and size <= 128:
+        assert isinstance(lookup, np.ndarray) and lookup.shape == (size * 256,)
+    else:
+        assert lookup is None
     fed = onnxrt.InferenceSession(_model(node, {var_name: var, const: fixed, **consts}, [dt]).SerializeToString(),
                                   providers=["CPUExecutionProvider"])
     assert fed._built.plan.steps[0].fn.__self__.fixed is None
