@@ -857,8 +857,7 @@ class _IntConvBase(Kernel):
                 self._packed = None
         if self._packed is not None and self.group == 1 and w.ndim == 4:
             # [kh, kw, C, M]: the row order of the channels-last im2col below
-            w32 = self._packed[1][3]
-            self._rows_w = np.ascontiguousarray(w32.transpose(2, 3, 1, 0).reshape(-1, w.shape[0]))
+            self._rows_w = self._packed[1][0].rows()
 
     def _rows_plan(self, shape, w, threads):
         """The geometry of :meth:`_accumulate_rows` for an input shape and a thread
@@ -884,7 +883,7 @@ class _IntConvBase(Kernel):
                 work = n * oh * ow * k * (m + _IM2COL_COST)
                 used = 1 if work < parallel.PARALLEL_MIN_FLOPS else threads
                 pairs = 1 if kh == kw == 1 else pair_count(m, ow)
-                w_rows = self._rows_w if pairs == 1 else paired_rows(self._rows_w, kh, kw, c, sw, pairs)
+                w_rows = self._packed[1][0].paired(sw, pairs)
                 jobs = _row_blocks(n, oh, ow // pairs, w_rows.shape[0], used)
                 plan = (kernel, strides, pb, pe, out_sp, jobs, used, pairs, w_rows)
         if len(self._plans) >= 8:
