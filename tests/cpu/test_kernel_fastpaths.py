@@ -833,6 +833,54 @@ def test_pooling_stride2_pairs_match_every_window(monkeypatch):
     assert calls["results"] > 50
 
 
+def test_pooling_stride2_pixels_of_channels_last_maps(monkeypatch):
+    """On an NCHW view of channels-last memory (what integer convolutions return), a
+    stride-2 last axis splits whole pixels into even and odd halves: random windows,
+    dilations, pads, 1 to 3 spatial axes, 2 to 16 channels and five dtypes give what
+    reducing every window gives, bit for bit (sums to rounding); the result keeps the
+    channels-last layout; and every case ran through the pixel halves."""
+    from onnxrt_cpu.kernels import pool
+
+    rng = np.random.default_rng(23)
+    calls = _count_results(monkeypatch, pool, "_reduce_last_pairs")
+    halves = []
+    real_halves = pool._pixel_halves
+    monkeypatch.setattr(pool, "_pixel_halves", lambda rows, inner: halves.append(inner) or real_halves(rows, inner))
+    cases = 0
+    for i in range(120):
+        nd = 1 + i % 3
+        k = [int(v) for v in rng.integers(1, 4, nd - 1)] + [int(rng.integers(3, 6))]
+        s = [int(v) for v in rng.integers(1, 3, nd - 1)] + [2]
+        d = [int(v) for v in rng.integers(1, 3, nd)] if i % 4 == 0 else [1] * nd
+        pb = [int(rng.integers(0, k[j] + 1)) for j in range(nd)]
+        pe = [int(rng.integers(0, k[j] + 1)) for j in range(nd)]
+        sp = [int(v) for v in rng.integers(2, 9, nd - 1)] + [2 * int(rng.integers(2, 9))]
+        out_sp = [(sp[j] + pb[j] + pe[j] - (k[j] - 1) * d[j] - 1) // s[j] + 1 for j in range(nd)]
+        if min(out_sp) < 1 or out_sp[-1] > sp[-1] // 2:
+            continue
+        dtype = (np.int8, np.uint8, np.float32, np.float16, np.float64)[i % 5]
+        c = (2, 3, 16)[i % 3]
+        shape = [1 + i % 2, c] + sp
+        if np.dtype(dtype).kind in "iu":
+            x = rng.integers(np.iinfo(dtype).min, np.iinfo(dtype).max + 1, shape).astype(dtype)
+        else:
+            x = rng.standard_normal(shape).astype(dtype)
+        x = _channels_last_view(x)
+        ufunc = np.add if i % 4 == 1 and np.dtype(dtype).kind == "f" else np.maximum
+        fill = 0 if ufunc is np.add else (-np.inf if np.dtype(dtype).kind == "f" else np.iinfo(dtype).min)
+        got = pool._reduce_taps(x, k, s, d, pb, out_sp, ufunc, fill)
+        want = _windows_reference(x, k, s, d, pb, out_sp, ufunc, fill)
+        assert got.shape == want.shape and got.dtype == want.dtype, (i, k, s, d, pb, sp)
+        assert got.strides[1] == got.itemsize  # still channels last: a pixel's values adjacent
+        if ufunc is np.add:
+            tol = 2e-3 if dtype == np.float16 else 1e-5
+            np.testing.assert_allclose(got, want, rtol=tol, atol=tol, err_msg=str((i, k, s, d, pb, pe, sp)))
+        else:
+            np.testing.assert_array_equal(got, want, err_msg=str((i, k, s, d, pb, pe, sp)))
+        cases += 1
+    assert cases > 40 and calls["results"] >= 0.9 * cases and set(halves) == {2, 3, 16}
+
+
 def _channels_last_view(x):
     """``x`` (NCHW) as an NCHW view of channels-last memory."""
     return np.ascontiguousarray(np.moveaxis(x, 1, -1)).transpose(0, x.ndim - 1, *range(1, x.ndim - 1))
