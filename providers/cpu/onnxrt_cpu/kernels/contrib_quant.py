@@ -18,7 +18,6 @@ MatMulNBits, DynamicQuantizeLSTM and the quantized BERT ops live in
 from __future__ import annotations
 
 import functools
-
 import math
 
 import numpy as np

@@ -44,7 +44,7 @@ from onnxrt.windows import conv_transpose_geometry
 
 from .. import parallel
 from ..registry import op
-from .quantize import centred_bound, requantize
+from .quantize import centred_bound, column_l1, requantize
 from .rows import columns_op
 
 __all__ = ["conv_pads", "pad_spatial", "tap_slices", "compute_dtype"]
@@ -976,7 +976,7 @@ class _IntConvBase(Kernel):
         wmax = float(np.abs(wf).max()) if wf.size else 0.0
         # the largest sum of one output channel's |weights|: times max |x - zp| it
         # bounds every partial sum (several times below K * max |w| for real weights)
-        l1 = float(np.abs(wf).reshape(w.shape[0], -1).sum(axis=1).max()) if wf.size else 0.0
+        l1 = column_l1(wf.reshape(w.shape[0], -1).T)
         return wp32, wp64, l1, wp32.gemm.reshape(w.shape), wmax
 
     def _accumulate(self, x, xzp, w, wzp):

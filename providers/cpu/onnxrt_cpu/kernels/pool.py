@@ -21,7 +21,7 @@ from onnxrt.windows import pool_geometry
 
 from ..registry import op
 from .conv import compute_dtype, pad_spatial, spatial_attrs, tap_slices
-from .rows import plane_sum
+from .rows import channels_last, plane_sum
 
 # Above this window extent on any axis, reduce a sliding-window view rather than looping over taps.
 _MAX_TAPS = 64
@@ -247,16 +247,6 @@ def _pixel_halves(rows: np.ndarray, inner: int) -> tuple[np.ndarray, np.ndarray]
             np.ascontiguousarray(px[:, 1::2]).view(rows.dtype).reshape(-1))
 
 
-def _channels_last(y: np.ndarray) -> np.ndarray | None:
-    """``y`` ``[N, C, *spatial]`` as its C-contiguous ``[N, *spatial, C]`` memory, when
-    it is an NCHW view of channels-last memory (as integer convolutions return); else
-    None."""
-    if y.ndim < 3 or y.flags.c_contiguous:
-        return None
-    last = y.transpose(0, *range(2, y.ndim), 1)
-    return last if last.flags.c_contiguous else None
-
-
 def _reduce_last_pairs(y, k, d, pb, o, ufunc, fill):
     """A stride-2 axis of :func:`_reduce_taps` when it is the last spatial axis, on a
     C-contiguous ``y`` or an NCHW view of channels-last memory, with rows of even
@@ -281,7 +271,7 @@ def _reduce_last_pairs(y, k, d, pb, o, ufunc, fill):
             return None
         base, inner = y, 1
     else:
-        base = _channels_last(y)
+        base = channels_last(y)
         if base is None:
             return None
         inner = y.shape[1]

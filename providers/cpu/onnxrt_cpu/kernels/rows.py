@@ -22,7 +22,7 @@ import functools
 
 import numpy as np
 
-__all__ = ["SoftmaxRoute", "columns_op", "plane_sum", "row_max", "row_mean", "row_sum", "softmax_rows",
+__all__ = ["SoftmaxRoute", "channels_last", "columns_op", "plane_sum", "row_max", "row_mean", "row_sum", "softmax_rows",
            "unshifted_softmax"]
 
 _BLAS_TYPES = (np.dtype(np.float32), np.dtype(np.float64))
@@ -64,10 +64,20 @@ def plane_sum(x: np.ndarray) -> np.ndarray | None:
     hw = x.size // (n * c)
     if x.flags.c_contiguous:
         return (x.reshape(n * c, hw) @ _ones(hw, x.dtype)).reshape(n, c)
-    last = x.transpose(0, *range(2, x.ndim), 1)
-    if last.flags.c_contiguous:  # channels last: [N, HW, C] summed over HW
+    last = channels_last(x)
+    if last is not None:  # [N, HW, C] summed over HW
         return (_ones(hw, x.dtype).T @ last.reshape(n, hw, c)).reshape(n, c)
     return None
+
+
+def channels_last(x: np.ndarray) -> np.ndarray | None:
+    """``x`` ``[N, C, *spatial]`` as its C-contiguous ``[N, *spatial, C]`` memory, when
+    it is an NCHW view of channels-last memory (as integer convolutions return); else
+    None (a C-contiguous ``x`` included)."""
+    if x.ndim < 3 or x.flags.c_contiguous:
+        return None
+    last = x.transpose(0, *range(2, x.ndim), 1)
+    return last if last.flags.c_contiguous else None
 
 
 def row_mean(x: np.ndarray) -> np.ndarray:
