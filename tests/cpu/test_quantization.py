@@ -326,6 +326,38 @@ def test_dynamic_quantize_saturates_where_the_rounded_top_overshoots():
     np.testing.assert_array_equal(got, exp)
 
 
+def test_dynamic_quantize_matches_onnxruntime_across_ranges():
+    """The scale, zero point and codes of DynamicQuantizeLinear against onnxruntime
+    for ranges from subnormal (a scale that underflows to 0) to infinite, all zero,
+    one-signed and mixed, and quotients landing on .5 (the scalar parameters are
+    computed in Python floats rounded to float32 at each step, with numpy's float32
+    path for the extremes)."""
+    rng = np.random.default_rng(23)
+    model = _dql_model().SerializeToString()
+    ours = onnxrt.InferenceSession(model, providers=["CPUExecutionProvider"])
+    ref = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
+    cases = [np.array(v, np.float32) for v in ([0.0], [-0.0, 0.0], [1e-45], [-1e-45, 2e-45], [3.4e38, -3.4e38],
+                                                [3.4e38, 1.0], [-3.4e38], [127.5, -127.5], [1.0, 1.0],
+                                                [-np.inf], [np.inf, 1.0], [-np.inf, 1.0], [2e-45, 0.0])]
+    for i in range(300):
+        n = int(rng.integers(1, 40))
+        mag = 10.0 ** rng.integers(-44, 38)
+        kind = i % 4
+        v = rng.standard_normal(n) * mag
+        if kind == 1:
+            v = np.abs(v)
+        elif kind == 2:
+            v = -np.abs(v)
+        elif kind == 3:
+            v = rng.integers(-255, 256, n) / rng.choice([1.0, 2.0, 255.0, 127.5])
+        cases.append(v.astype(np.float32))
+    for x in cases:
+        got = ours.run(None, {"x": x})
+        exp = ref.run(None, {"x": x})
+        for g, e in zip(got, exp):
+            np.testing.assert_array_equal(g, e, err_msg=f"x = {x!r}")
+
+
 def _op_zoo_model():
     """A small float CNN using the ops the QOperator quantizer has com.microsoft
     kernels for: LeakyRelu, Sigmoid, AveragePool, Concat, Mul, Softmax."""

@@ -738,7 +738,7 @@ def _dynamic_centred(x: np.ndarray):
     np.rint(v, out=v)
     if saturates:
         clip(v, -zp, np.float32(255) - zp, out=v)
-    return v, scale, np.uint8(zp)
+    return v, scale, int(zp)
 
 
 @op("DynamicQuantizeMatMul", since=1, domain=MS)
@@ -755,6 +755,13 @@ class DynamicQuantizeMatMul(Kernel):
             self.b_packed = _center_b_any(c[1], c.get(3) if has_zp else None, None)
             self.b_max = absmax(self.b_packed)
             self.b_l1 = column_l1(self.b_packed)
+        # a constant B scale converted once (the same array comes back every run)
+        self.b_scale = None
+        if 1 in c and 2 in c:
+            try:
+                self.b_scale = (c[2], _b_scale(c[1], c[2]))
+            except ValueError:
+                pass  # a scale that does not fit B: run reports it
 
     def run(self, a, b, b_scale, b_zero_point=None, bias=None):
         desc = self.node.describe()
@@ -763,6 +770,7 @@ class DynamicQuantizeMatMul(Kernel):
         B = _center_b_any(b, b_zero_point, self.b_packed)
         bmax = self.b_max if self.b_packed is not None else centred_bound(b.dtype, b_zero_point)
         bl1 = self.b_l1 if self.b_packed is not None else None
-        y = int_matmul_f32(A, B, float(max(int(za), 255 - int(za))), bmax, bl1)
-        y *= sa * _b_scale(b, b_scale)
+        y = int_matmul_f32(A, B, float(max(za, 255 - za)), bmax, bl1)
+        cached = self.b_scale
+        y *= sa * (cached[1] if cached is not None and cached[0] is b_scale else _b_scale(b, b_scale))
         return (_bias(y, bias, desc),)

@@ -33,6 +33,10 @@ class QAttention(Attention):
             self.w_packed = _center_b(c[1], c.get(7) if has_zp else None)
             self.w_max = absmax(self.w_packed)
             self.w_l1 = column_l1(self.w_packed)
+        # a constant weight scale converted once (the same array comes back every run)
+        self.w_scale = None
+        if 1 in c and 4 in c and c[1].ndim == 2 and np.size(c[4]) in (1, c[1].shape[1]):
+            self.w_scale = (c[4], _col_param(c[4], c[1].shape[1], "weight_scale").astype(_F32))
 
     def run(
         self,
@@ -57,10 +61,12 @@ class QAttention(Attention):
         A = _center(x, np.asarray(_zp(input_zero_point, x.dtype)), False, _F32)
         wmax, wl1 = (self.w_max, self.w_l1) if self.w_packed is not None else (None, None)
         qkv = int_matmul_f32(A, W, centred_bound(x.dtype, input_zero_point), wmax, wl1)
-        n = W.shape[1]
-        qkv *= _scalar(input_scale, "input_scale") * _col_param(
-            weight_scale, n, "weight_scale"
-        ).astype(_F32)
+        cached = self.w_scale
+        if cached is not None and cached[0] is weight_scale:
+            ws = cached[1]
+        else:
+            ws = _col_param(weight_scale, W.shape[1], "weight_scale").astype(_F32)
+        qkv *= _scalar(input_scale, "input_scale") * ws
         return self.attend(qkv, hq, hk, bias, mask_index, past, None, _F32)
 
 
