@@ -208,7 +208,10 @@ def matmul_nd(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     products) is ``np.matmul``.
     """
     if a.ndim > 2 and b.ndim == 2:
-        out2 = matmul_nd(a.reshape(math.prod(a.shape[:-1]), a.shape[-1]), b)
+        a2 = a.reshape(math.prod(a.shape[:-1]), a.shape[-1])
+        # a product too small to split goes straight to numpy (the common case of
+        # small models, where the checks below cost as much as a 256x32x64 product)
+        out2 = np.matmul(a2, b) if a.size * b.shape[1] < PARALLEL_MIN_FLOPS else matmul_nd(a2, b)
         return out2.reshape(a.shape[:-1] + out2.shape[-1:])
     threads = current_thread_count()
     if (
