@@ -517,17 +517,21 @@ def _rows_product(xp, kernel, strides, out_sp, w_rows, pairs, jobs, threads, out
     owp = ow // pairs
     k = w_rows.shape[0]
     s_n, s_h, s_w, s_c = xp.strides
-    view = np.lib.stride_tricks.as_strided(
-        xp, (n, oh, owp, kh, fw * c), (s_n, sh * s_h, pairs * sw * s_w, dh * s_h, s_c), writeable=False
-    )
+    # Each run of fw * C values of a tap row is one element of a void type: numpy's
+    # copy then runs its inner loop over whole runs, instead of one call of the inner
+    # loop per run of (for a 7x7 stem on 3 channels) 27 values, about a third faster
+    # there. The runs of neighbouring outputs overlap, so the view is made over xp's
+    # buffer (xp is a fresh padded copy, C-contiguous).
+    run = np.dtype((np.void, fw * c * xp.itemsize))
+    view = np.ndarray((n, oh, owp, kh), dtype=run, buffer=xp, strides=(s_n, sh * s_h, pairs * sw * s_w, dh * s_h))
     per = oh * owp
     out2 = out.reshape(n * per, w_rows.shape[1])
 
     def block(j):
         i0, i1, r0, r1 = jobs[j]
         count = (i1 - i0) * (r1 - r0) * owp
-        cols = _scratch(count * k, xp.dtype).reshape(i1 - i0, r1 - r0, owp, kh, fw * c)
-        np.copyto(cols, view[i0:i1, r0:r1])
+        cols = _scratch(count * k, xp.dtype)
+        np.copyto(cols.view(run).reshape(i1 - i0, r1 - r0, owp, kh), view[i0:i1, r0:r1])
         start = i0 * per + r0 * owp
         product(cols.reshape(count, k), w_rows, out2[start : start + count])
 
