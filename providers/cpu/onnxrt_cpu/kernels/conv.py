@@ -392,7 +392,23 @@ def _conv_forward(x, wp: _ConvWeights, strides, dilations, pb, pe, out_sp, bias=
     view_strides = (sx[1], *(sx[2 + a] * dilations[a] for a in range(nd)),
                     *(sx[2 + a] * strides[a] for a in range(nd)))
 
+    # With a unit stride along the last axis, each tap's output row is one contiguous
+    # run of the padded input, copied as one void element, so that numpy's copy loops
+    # over whole runs rather than calling its inner loop once per run of a few values
+    # (512 channels of 7x7, 3x3: 172 -> 110 us; 256 of 14x14: 191 -> 144 us; 64 of
+    # 56x56: within the spread). Runs of neighbouring taps overlap, so the view is made
+    # over the (C-contiguous) buffer itself.
+    run = None
+    if nd >= 2 and strides[-1] == 1 and xp.flags.c_contiguous and out_sp[-1] > 0:
+        run = np.dtype((np.void, out_sp[-1] * xp.itemsize))
+
     def gather(i, gi, r0, r1, cols):
+        if run is not None:
+            shape = (cg, *kernel, r1 - r0, *out_sp[1:-1])
+            offset = i * sx[0] + gi * cg * sx[1] + s0 * r0 * sx[2]
+            src = np.ndarray(shape, dtype=run, buffer=xp, offset=offset, strides=view_strides[:-1])
+            np.copyto(cols.view(run).reshape(shape), src)
+            return
         src = xp[i, gi * cg : (gi + 1) * cg, s0 * r0 :]
         view = np.lib.stride_tricks.as_strided(
             src, (cg, *kernel, r1 - r0, *out_sp[1:]), view_strides, writeable=False
