@@ -33,6 +33,7 @@ are shared with the pooling kernels.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import threading
@@ -601,8 +602,11 @@ def _conv_rows(x, wp, strides, dilations, pb, pe, out_sp, y, pad_value):
 _DEPTHWISE_BLOCK_ELEMS = 1 << 18
 
 
+@functools.lru_cache(maxsize=256)
 def _phase_geometry(in_sp, kernel, strides, dilations, pb, pe, out_sp):
     """Where the stride phases of a padded input lie, flattened so every tap is one run.
+    Kept per geometry (all arguments tuples, results read only): deriving it took 30 us
+    a call, on every run of every strided depthwise layer.
 
     Phase ``p`` holds ``padded[p::s]`` along each axis (zero-extended to a common
     shape ``q``, plus one spare row), so the tap at ``t`` for output ``o`` reads phase
@@ -638,7 +642,7 @@ def _phase_geometry(in_sp, kernel, strides, dilations, pb, pe, out_sp):
         ph = phases.index(tuple(p_ % s_ for p_, s_ in zip(pos, strides)))
         off = sum((pos[a] // strides[a]) * pitch[a] for a in range(nd))
         tap_src.append((ph, off))
-    return q, pitch, tap_src, copies
+    return tuple(q), tuple(pitch), tuple(tap_src), tuple(copies)
 
 
 def _fill_phases(qb, x, q, copies, pad_value):
@@ -675,7 +679,8 @@ def _depthwise(x, wp, strides, dilations, pb, pe, out_sp, y, pad_value):
     n, c = x.shape[:2]
     w = wp.depthwise
     taps = w.shape[1]
-    q, pitch, tap_src, copies = _phase_geometry(x.shape[2:], wp.kernel, strides, dilations, pb, pe, out_sp)
+    q, pitch, tap_src, copies = _phase_geometry(tuple(x.shape[2:]), tuple(wp.kernel), tuple(strides), tuple(dilations),
+                                                tuple(pb), tuple(pe), tuple(out_sp))
     nph = math.prod(strides)
     plane = math.prod(q)
     span = out_sp[0] * pitch[0]
