@@ -804,6 +804,7 @@ class Conv(Kernel):
         self.auto_pad = a.get("auto_pad", "NOTSET")
         self.pads = a.get("pads")
         self._packed = None
+        self._geometries = {}
         w = self.node.constants.get(1)
         if w is not None and w.ndim >= 3:
             try:
@@ -814,17 +815,30 @@ class Conv(Kernel):
     def run(self, x, w, b=None):
         return (self.forward(x, w, b),)
 
+    def _geometry(self, x_shape, w_shape):
+        """``(kernel, strides, dilations, pads begin, pads end, output size)`` for these
+        shapes, kept per shape pair: deriving it costs several microseconds a call, on
+        every run of every layer."""
+        key = (x_shape, w_shape)
+        geometry = self._geometries.get(key)
+        if geometry is None:
+            kernel, strides, dil = spatial_attrs(self.attrs, len(x_shape) - 2, w_shape[2:])
+            ks = self.attrs.get("kernel_shape")
+            if ks is not None and tuple(ks) != tuple(w_shape[2:]):
+                raise ValueError(f"kernel_shape {ks} does not match weight shape {w_shape}")
+            pb, pe, out_sp = conv_pads(x_shape[2:], kernel, strides, dil, self.pads, self.auto_pad)
+            geometry = (kernel, strides, dil, tuple(pb), tuple(pe), tuple(out_sp))
+            if len(self._geometries) >= 8:
+                self._geometries.clear()  # shapes that keep changing: no unbounded growth
+            self._geometries[key] = geometry
+        return geometry
+
     def forward(self, x, w, b=None, residual=None, activation=None):
         """The convolution, plus ``residual`` and an in-place ``activation`` (FusedConv)."""
         _check_rank(x, w)
-        nd = x.ndim - 2
-        kernel, strides, dil = spatial_attrs(self.attrs, nd, w.shape[2:])
-        ks = self.attrs.get("kernel_shape")
-        if ks is not None and tuple(ks) != tuple(w.shape[2:]):
-            raise ValueError(f"kernel_shape {ks} does not match weight shape {w.shape}")
+        kernel, strides, dil, pb, pe, out_sp = self._geometry(x.shape, w.shape)
         cdt = compute_dtype(x.dtype)
         wp = _weight_for(self, w, self.group, cdt)
-        pb, pe, out_sp = conv_pads(x.shape[2:], kernel, strides, dil, self.pads, self.auto_pad)
         if residual is not None:
             residual = residual.astype(cdt, copy=False)
         y = _conv_forward(x.astype(cdt, copy=False), wp, strides, dil, pb, pe, out_sp, b,
