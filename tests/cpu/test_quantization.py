@@ -285,6 +285,42 @@ def _dql_model():
     )
 
 
+@pytest.mark.parametrize("op", ["ConvInteger", "QLinearConv"])
+@pytest.mark.parametrize("pads", [0, 1])
+def test_integer_conv_accumulator_past_2_24_with_constant_weights(op, pads):
+    """A 1x1 convolution whose accumulator is 2**24 + 1, with constant weights (the
+    channels-last path): float32 cannot hold it, so ConvInteger must still return it
+    exactly, and QLinearConv must add its bias to it before the one rounding to float,
+    as onnxruntime does (acc + 1 = 2**24 + 2 scaled to 0.5000001 rounds to 1, where
+    float32(acc) + 1 would give 0.5, rounded to 0)."""
+    k = 259
+    x = np.full((1, k, 1, 1), 255, np.uint8)
+    x[0, -1] = 13
+    w = np.full((1, k, 1, 1), 255, np.uint8)
+    w[0, -1] = 59  # 258 * 255 * 255 + 13 * 59 = 2**24 + 1
+    if op == "ConvInteger":
+        names, inits = ["x", "w"], [numpy_helper.from_array(w, "w")]
+        out_type = TensorProto.INT32
+    else:
+        names = ["x", "xs", "xz", "w", "ws", "wz", "ys", "yz", "b"]
+        inits = [numpy_helper.from_array(v, n) for n, v in (
+            ("xs", np.array(1, np.float32)), ("xz", np.array(0, np.uint8)), ("w", w),
+            ("ws", np.array(1, np.float32)), ("wz", np.array(0, np.uint8)),
+            ("ys", np.array(1 / (0.5 / (2**24 + 1)), np.float32)), ("yz", np.array(0, np.uint8)),
+            ("b", np.array([1], np.int32)))]
+        out_type = TensorProto.UINT8
+    graph = helper.make_graph(
+        [helper.make_node(op, names, ["y"], pads=[pads] * 4)], "c",
+        [helper.make_tensor_value_info("x", TensorProto.UINT8, [1, k, 1, 1])],
+        [helper.make_tensor_value_info("y", out_type, None)], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=10).SerializeToString()
+    got = onnxrt.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    exp = ort.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    np.testing.assert_array_equal(got, exp)
+    centre = got[0, 0, pads, pads]
+    assert centre == (2**24 + 1 if op == "ConvInteger" else 1)
+
+
 def test_dynamic_quantize_rounds_half_to_even_and_saturates():
     # scale 1: x/scale lands exactly on .5 values, which must round to even
     x = np.array([0, 0.5, 1.5, 2.5, 3.5, 254.5, 255, -0.0], np.float32)

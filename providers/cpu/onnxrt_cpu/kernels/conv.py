@@ -879,21 +879,6 @@ def _input_bound(x: np.ndarray, xzp, zp: int, product_bound: float) -> float:
     return max(abs(int(x.max()) - zp), abs(int(x.min()) - zp)) if x.size else 0
 
 
-def _exact_product(cols: np.ndarray, w_rows: np.ndarray, kchunk: int, dst: np.ndarray) -> None:
-    """``dst = cols @ w_rows`` for integer-valued float32 operands, exact: in chunks of
-    ``kchunk`` rows of K whose float32 products are exact, summed in float64 (exact)
-    and rounded once to float32, as float(int32) would be."""
-    k = w_rows.shape[0]
-    if kchunk >= k:
-        np.matmul(cols, w_rows, out=dst)
-        return
-    acc = None
-    for k0 in range(0, k, kchunk):
-        piece = np.matmul(cols[:, k0 : k0 + kchunk], w_rows[k0 : k0 + kchunk])
-        acc = piece.astype(np.float64) if acc is None else acc + piece
-    dst[...] = acc
-
-
 class _IntConvBase(Kernel):
     """Shared by ConvInteger and QLinearConv: exact int32 accumulation via BLAS."""
 
@@ -979,13 +964,11 @@ class _IntConvBase(Kernel):
             return None
         (kh, kw), (sh, sw), pb, pe, (oh, ow), jobs, threads, pairs, paired = plan
         w_rows = self._rows_w
-        k = w_rows.shape[0]
-        l1, wmax = self._packed[1][2], self._packed[1][4]
-        xmax = _input_bound(x, xzp, zp, l1)
-        # K is cut into chunks whose float32 products are exact; more than one chunk
-        # sums in float64 (exact) and rounds once to float32, as float(int32) would
-        kchunk = paired.shape[0] if l1 * xmax < 2.0**24 else int((2**24 - 1) // (wmax * xmax))
-        if kchunk < min(k, 32):
+        l1 = self._packed[1][2]
+        # The rows hold the accumulator itself in float32, exact only below 2**24:
+        # beyond, ConvInteger's int32 result and QLinearConv's int32 accumulator plus
+        # bias (rounded once, as onnxruntime rounds acc + bias) take the exact path.
+        if l1 * _input_bound(x, xzp, zp, l1) >= 2.0**24:
             return None
         n, c, h, wd = x.shape
         rows_per_image = oh * ow
@@ -993,19 +976,16 @@ class _IntConvBase(Kernel):
         if kh == kw == 1 and not any(pb) and not any(pe):
             cols = np.empty((n, oh, ow, c), dtype=np.float32)
             fill_channels_last(cols, x[:, :, : (oh - 1) * sh + 1 : sh, : (ow - 1) * sw + 1 : sw], zp)
-            if kchunk >= k:
-                parallel.matmul(cols.reshape(-1, c), w_rows, out=out)
-            else:
-                _exact_product(cols.reshape(-1, c), w_rows, kchunk, out)
+            parallel.matmul(cols.reshape(-1, c), w_rows, out=out)
             return out, (n, oh, ow)
         xp = np.zeros((n, h + pb[0] + pe[0], wd + pb[1] + pe[1], c), dtype=np.float32)
         fill_channels_last(xp[:, pb[0] : pb[0] + h, pb[1] : pb[1] + wd], x, zp)
         # blocks small enough to be multiplied while in cache, claimed one at a time
         # by the threads; with fewer images than threads, bands of rows. The widened
         # weight has zeros only where the plain one has none: the same column sums,
-        # hence the same exact chunks
+        # hence the same bound
         _rows_product(xp, (kh, kw), (sh, sw), (oh, ow), paired, pairs, jobs, threads, out,
-                      lambda a, b, dst: _exact_product(a, b, kchunk, dst))
+                      lambda a, b, dst: np.matmul(a, b, out=dst))
         return out, (n, oh, ow)
 
     def _pack(self, w, wzp):
