@@ -750,6 +750,49 @@ def test_qgemm(quantized_out):
     assert_same(got, exp, step=1, rtol=1e-5, atol=1e-4)
 
 
+@pytest.mark.parametrize("alpha, y_scale", [(1.0, 6.0), (1 / 3, 2.0)])
+def test_qgemm_requantizes_in_float32_as_onnxruntime(alpha, y_scale):
+    """The int32 accumulator times the float32 scale ratio, in float32: 3 * float32(1/6)
+    is exactly 0.5 there and rounds to even (0), where a float64 product (0.50000001)
+    rounds to 1; every A code against a fixed B, bit for bit."""
+    a = np.arange(256, dtype=np.uint8).reshape(256, 1)
+    inputs = {
+        "a": a,
+        "sa": np.array(1.0, np.float32),
+        "za": np.array(0, np.uint8),
+        "b": np.array([[1, 3, 7]], np.uint8),
+        "sb": np.array(1.0, np.float32),
+        "zb": np.array(0, np.uint8),
+        "c": None,
+        "sy": np.array(y_scale, np.float32),
+        "zy": np.array(0, np.uint8),
+    }
+    got, exp = run_both("QGemm", inputs, out_types=[np.uint8], inits=("b", "sb", "zb"), alpha=alpha)
+    assert_same(got, exp)
+    assert got[0][3, 0] == 0  # the tie
+
+
+@pytest.mark.parametrize("quantized_out", [True, False])
+def test_qgemm_bias_wraps_in_the_int32_accumulator(quantized_out):
+    """C joins the int32 accumulator and wraps with it, as in onnxruntime."""
+    inputs = {
+        "a": np.array([[1], [2]], np.uint8),
+        "sa": np.array(1.0, np.float32),
+        "za": np.array(0, np.uint8),
+        "b": np.array([[1]], np.uint8),
+        "sb": np.array(1.0, np.float32),
+        "zb": np.array(0, np.uint8),
+        "c": np.array([2**31 - 1], np.int32),
+        "sy": np.array(2.0**24, np.float32) if quantized_out else None,
+        "zy": np.array(128, np.uint8) if quantized_out else None,
+    }
+    out = np.uint8 if quantized_out else np.float32
+    got, exp = run_both("QGemm", inputs, out_types=[out], inits=("b", "sb", "zb", "c"))
+    assert_same(got, exp, rtol=0, atol=0)
+    if not quantized_out:
+        assert got[0][0, 0] == -(2.0**31)
+
+
 def test_matmul_integer_to_float_per_column():
     a = q8(np.uint8, 2, 3, 20)
     b = q8(np.int8, 20, 6)

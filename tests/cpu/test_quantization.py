@@ -321,6 +321,27 @@ def test_integer_conv_accumulator_past_2_24_with_constant_weights(op, pads):
     assert centre == (2**24 + 1 if op == "ConvInteger" else 1)
 
 
+@pytest.mark.parametrize("constant_weight", [True, False])
+def test_conv_integer_wraps_its_int32_accumulator(constant_weight):
+    """33,100 channels of 255 * 255 overflow int32: the result wraps as onnxruntime's
+    32-bit accumulator does (-2142639796), not the float conversion's INT_MIN."""
+    k = 33100
+    x = np.full((1, k, 1, 1), 255, np.uint8)
+    w = np.full((1, k, 1, 1), 255, np.uint8)
+    graph = helper.make_graph(
+        [helper.make_node("ConvInteger", ["x", "w"], ["y"])], "c",
+        [helper.make_tensor_value_info("x", TensorProto.UINT8, [1, k, 1, 1])]
+        + ([] if constant_weight else [helper.make_tensor_value_info("w", TensorProto.UINT8, [1, k, 1, 1])]),
+        [helper.make_tensor_value_info("y", TensorProto.INT32, None)],
+        [numpy_helper.from_array(w, "w")] if constant_weight else [])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=10).SerializeToString()
+    feeds = {"x": x} if constant_weight else {"x": x, "w": w}
+    got = onnxrt.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    exp = ort.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    np.testing.assert_array_equal(got, exp)
+    assert got.ravel()[0] == np.int64(k * 255 * 255).astype(np.int32)
+
+
 def test_dynamic_quantize_rounds_half_to_even_and_saturates():
     # scale 1: x/scale lands exactly on .5 values, which must round to even
     x = np.array([0, 0.5, 1.5, 2.5, 3.5, 254.5, 255, -0.0], np.float32)

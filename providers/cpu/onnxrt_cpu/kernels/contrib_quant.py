@@ -636,23 +636,28 @@ class QGemm(Kernel):
             )
         A = _center(aa, np.asarray(_zp(a_zero_point, a.dtype)), False, _F32)
         bl1 = self.b_l1 if self.b_packed is not None else None
-        acc = _int_matmul(A, B, centred_bound(a.dtype, a_zero_point), None, bl1).astype(np.float64)
+        acc = _int_matmul(A, B, centred_bound(a.dtype, a_zero_point), None, bl1)
         n = B.shape[1]
         if c is not None:
             if c.dtype != np.int32:
                 raise ValueError(f"{desc}: C must be int32, got {c.dtype}")
-            acc += c.astype(np.float64)
-        # C joins the int32 accumulator; alpha scales both, as onnxruntime does
+            acc = acc + c  # wrapping as the int32 accumulator does
+        # C joins the int32 accumulator; alpha scales both, and the accumulator is
+        # converted to float32 and multiplied by the float32 scale ratio, as
+        # onnxruntime does (a float64 product differs at ties: 3 * float32(1 / 6)
+        # is exactly 0.5 in float32, which rounds to 0)
         mult = (
             self.alpha
             * _scalar(a_scale, "a_scale")
             * _col_param(b_scale, n, "b_scale").astype(_F32)
         )
+        v = acc.astype(_F32)
         if y_scale is None:
-            return ((acc * mult.astype(np.float64)).astype(_F32),)
+            v *= mult
+            return (v,)
         out = _out_type(y_zero_point, a)
-        mult = (mult / _scalar(y_scale, "y_scale")).astype(np.float64)
-        return (requantize(acc * mult, _zp(y_zero_point, out), out),)
+        v *= mult / _scalar(y_scale, "y_scale")
+        return (requantize(v, _zp(y_zero_point, out), out, inplace=True),)
 
 
 def _bias(y: np.ndarray, bias, what: str) -> np.ndarray:

@@ -879,6 +879,21 @@ def _input_bound(x: np.ndarray, xzp, zp: int, product_bound: float) -> float:
     return max(abs(int(x.max()) - zp), abs(int(x.min()) - zp)) if x.size else 0
 
 
+def _exact_product(cols: np.ndarray, w_rows: np.ndarray, kchunk: int, dst: np.ndarray) -> None:
+    """``dst = cols @ w_rows`` for integer-valued float32 operands, exact: in chunks of
+    ``kchunk`` rows of K whose float32 products are exact, summed in ``dst``'s type
+    (float64 when there are several chunks, exact for any int32 accumulator)."""
+    k = w_rows.shape[0]
+    if kchunk >= k:
+        np.matmul(cols, w_rows, out=dst)
+        return
+    acc = None
+    for k0 in range(0, k, kchunk):
+        piece = np.matmul(cols[:, k0 : k0 + kchunk], w_rows[k0 : k0 + kchunk])
+        acc = piece.astype(np.float64) if acc is None else acc + piece
+    dst[...] = acc
+
+
 class _IntConvBase(Kernel):
     """Shared by ConvInteger and QLinearConv: exact int32 accumulation via BLAS."""
 
@@ -964,28 +979,36 @@ class _IntConvBase(Kernel):
             return None
         (kh, kw), (sh, sw), pb, pe, (oh, ow), jobs, threads, pairs, paired = plan
         w_rows = self._rows_w
-        l1 = self._packed[1][2]
-        # The rows hold the accumulator itself in float32, exact only below 2**24:
-        # beyond, ConvInteger's int32 result and QLinearConv's int32 accumulator plus
-        # bias (rounded once, as onnxruntime rounds acc + bias) take the exact path.
-        if l1 * _input_bound(x, xzp, zp, l1) >= 2.0**24:
+        k = w_rows.shape[0]
+        l1, wmax = self._packed[1][2], self._packed[1][4]
+        xmax = _input_bound(x, xzp, zp, l1)
+        # K is cut into chunks whose float32 products are exact. One chunk gives the
+        # accumulator in float32 (every partial sum below 2**24); several are summed
+        # into float64 rows, which hold any int32 accumulator exactly, so that
+        # ConvInteger returns it and QLinearConv adds its bias before the one rounding
+        # to float32, as onnxruntime does (float32 rows would round it first)
+        kchunk = paired.shape[0] if l1 * xmax < 2.0**24 else int((2**24 - 1) // (wmax * xmax))
+        if kchunk < min(k, 32):
             return None
         n, c, h, wd = x.shape
         rows_per_image = oh * ow
-        out = np.empty((n * rows_per_image, w_rows.shape[1]), dtype=np.float32)
+        out = np.empty((n * rows_per_image, w_rows.shape[1]), dtype=np.float32 if kchunk >= k else np.float64)
         if kh == kw == 1 and not any(pb) and not any(pe):
             cols = np.empty((n, oh, ow, c), dtype=np.float32)
             fill_channels_last(cols, x[:, :, : (oh - 1) * sh + 1 : sh, : (ow - 1) * sw + 1 : sw], zp)
-            parallel.matmul(cols.reshape(-1, c), w_rows, out=out)
+            if kchunk >= k:
+                parallel.matmul(cols.reshape(-1, c), w_rows, out=out)
+            else:
+                _exact_product(cols.reshape(-1, c), w_rows, kchunk, out)
             return out, (n, oh, ow)
         xp = np.zeros((n, h + pb[0] + pe[0], wd + pb[1] + pe[1], c), dtype=np.float32)
         fill_channels_last(xp[:, pb[0] : pb[0] + h, pb[1] : pb[1] + wd], x, zp)
         # blocks small enough to be multiplied while in cache, claimed one at a time
         # by the threads; with fewer images than threads, bands of rows. The widened
         # weight has zeros only where the plain one has none: the same column sums,
-        # hence the same bound
+        # hence the same exact chunks
         _rows_product(xp, (kh, kw), (sh, sw), (oh, ow), paired, pairs, jobs, threads, out,
-                      lambda a, b, dst: np.matmul(a, b, out=dst))
+                      lambda a, b, dst: _exact_product(a, b, kchunk, dst))
         return out, (n, oh, ow)
 
     def _pack(self, w, wzp):
@@ -1049,6 +1072,13 @@ class _IntConvBase(Kernel):
         return _conv_forward(xf, wp64, strides, dil, pb, pe, out_sp)
 
 
+def _to_int32(acc: np.ndarray) -> np.ndarray:
+    """An exact integer-valued float accumulator as int32, wrapping past its range as
+    a 32-bit accumulator does (a float64 one through int64; float32 ones are below
+    2**24)."""
+    return (acc.astype(np.int64) if acc.dtype == np.float64 else acc).astype(np.int32)
+
+
 @op("ConvInteger", since=10)
 class ConvInteger(_IntConvBase):
     """Integer convolution with zero points, accumulated exactly into int32."""
@@ -1059,9 +1089,8 @@ class ConvInteger(_IntConvBase):
         rows = self._accumulate_rows(x, x_zero_point, w)
         if rows is not None:
             acc, (n, oh, ow) = rows
-            return (np.ascontiguousarray(acc.astype(np.int32).reshape(n, oh, ow, -1).transpose(0, 3, 1, 2)),)
-        acc = self._accumulate(x, x_zero_point, w, w_zero_point)
-        return (acc.astype(np.int32),)
+            return (np.ascontiguousarray(_to_int32(acc).reshape(n, oh, ow, -1).transpose(0, 3, 1, 2)),)
+        return (_to_int32(self._accumulate(x, x_zero_point, w, w_zero_point)),)
 
 
 @op("QLinearConv", since=10)
@@ -1085,8 +1114,9 @@ class QLinearConv(_IntConvBase):
         if b is not None:
             if b.shape != (m,):
                 raise ValueError(f"bias has shape {b.shape}, expected ({m},)")
-            # the bias joins the int32 accumulator before the one float rounding
-            acc = acc.astype(np.int64) + b.astype(np.int64).reshape((m,) + (1,) * nd)
+            # the bias joins the int32 accumulator (wrapping as it does) before the
+            # one float rounding
+            acc = (acc.astype(np.int64) + b.astype(np.int64).reshape((m,) + (1,) * nd)).astype(np.int32)
         ws = np.asarray(w_scale, dtype=np.float32)
         if ws.size != 1:
             if ws.shape != (m,):
@@ -1114,7 +1144,13 @@ class QLinearConv(_IntConvBase):
         """:meth:`run`'s requantization on channels-last rows, then back to NCHW."""
         v, (n, oh, ow) = rows
         m = v.shape[1]
-        if b is not None:
+        if v.dtype == np.float64:
+            # rows summed from several exact chunks: the bias joins exactly, the sum
+            # wraps to int32 as onnxruntime's accumulator does, then one rounding
+            if b is not None:
+                columns_op(np.add, v, b.astype(np.float64))
+            v = _to_int32(v).astype(np.float32)
+        elif b is not None:
             columns_op(np.add, v, b.astype(np.float32))
         ws = np.asarray(w_scale, dtype=np.float32)
         if ws.size != 1 and ws.shape != (m,):
