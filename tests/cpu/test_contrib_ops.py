@@ -547,6 +547,21 @@ def test_qlinear_binary(op_type, dt):
     assert_same(got, exp, step=1)
 
 
+@pytest.mark.parametrize("op_type", ["QLinearAdd", "QLinearMul"])
+def test_qlinear_binary_of_two_scalars(op_type):
+    """Two rank-0 operands (with constant scales, the lookup-table path) give a rank-0
+    result, as in onnxruntime, instead of failing on numpy's scalar results."""
+    dt = np.uint8
+    sa, za = _qparams(dt, 0.5)
+    sb, zb = _qparams(dt, 0.25)
+    sc, zc = _qparams(dt, 0.5)
+    inputs = {"a": np.array(138, dt), "sa": sa, "za": za, "b": np.array(148, dt), "sb": sb, "zb": zb, "sc": sc,
+              "zc": zc}
+    got, exp = run_both(op_type, inputs, out_types=[dt], inits=("sa", "za", "sb", "zb", "sc", "zc"))
+    assert_same(got, exp)
+    assert got[0].shape == ()
+
+
 def _binary_node(op_type, dt, scales, zero_points):
     """A QLinearAdd/QLinearMul node on inputs ``a`` and ``b``, and its scales and zero
     points (``scales`` of A, B and C; zero points left out unless ``zero_points``)."""

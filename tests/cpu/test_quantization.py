@@ -413,6 +413,17 @@ def test_dynamic_quantize_matches_onnxruntime_across_ranges():
         exp = ref.run(None, {"x": x})
         for g, e in zip(got, exp):
             np.testing.assert_array_equal(g, e, err_msg=f"x = {x!r}")
+    # rank-0 inputs too (numpy's scalar results once broke the clip's out=)
+    any_rank = _dql_model()
+    any_rank.graph.input[0].type.tensor_type.ClearField("shape")
+    ours = onnxrt.InferenceSession(any_rank.SerializeToString(), providers=["CPUExecutionProvider"])
+    ref = ort.InferenceSession(any_rank.SerializeToString(), providers=["CPUExecutionProvider"])
+    for v in (np.inf, -np.inf, 1e-45, 3.0, -2.5):
+        x = np.array(v, np.float32)
+        got, exp = ours.run(None, {"x": x}), ref.run(None, {"x": x})
+        for g, e in zip(got, exp):
+            assert g.shape == e.shape
+            np.testing.assert_array_equal(g, e, err_msg=f"x = {x!r}")
 
 
 def _op_zoo_model():

@@ -299,6 +299,11 @@ class _QLinearBinary(Kernel):
         return offsets
 
     def run(self, a, a_scale, a_zero_point, b, b_scale, b_zero_point, c_scale, c_zero_point=None):
+        if a.ndim == 0 and b.ndim == 0:
+            # numpy's scalar results cannot take out=: as one value, reshaped back
+            (y,) = self.run(a.reshape(1), a_scale, a_zero_point, b.reshape(1), b_scale, b_zero_point, c_scale,
+                            c_zero_point)
+            return (y.reshape(()),)
         if self.fixed is not None:
             y = self._with_fixed(a, b)
             if y is not None:

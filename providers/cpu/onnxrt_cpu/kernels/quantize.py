@@ -307,6 +307,9 @@ def requantize(v: np.ndarray, zero_point, dtype, *, inplace: bool = False) -> np
 @op("DynamicQuantizeLinear", since=11)
 def dynamic_quantize_linear(k, x):
     """Quantize to uint8 with a scale and zero point computed from the data range."""
+    if x.ndim == 0:  # numpy's scalar results cannot take out=: as one value, reshaped back
+        y, scale, zp = dynamic_quantize_linear(k, x.reshape(1))
+        return y.reshape(()), scale, zp
     xf, scale, zp, saturates = dynamic_range(x)
     y = np.rint(xf / scale)
     y += zp
