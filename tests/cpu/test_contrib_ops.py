@@ -824,6 +824,21 @@ def test_matmul_integer_to_float_per_column():
     assert_same(got, exp, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("op_type", ["MatMulIntegerToFloat", "DynamicQuantizeMatMul"])
+@pytest.mark.parametrize("a_shape, b_shape", [((20,), (20, 6)), ((2, 3, 20), (2, 20, 6)), ((3, 20), (4, 1, 20, 6))])
+def test_per_column_b_scale_with_1d_a_and_batched_b(op_type, a_shape, b_shape):
+    """A per-column B scale of shape [N] also serves a 1-D A and a batch of B matrices
+    (broadcast over the batch, as onnxruntime does)."""
+    b = q8(np.int8, *b_shape)
+    sb = (RNG.random(6) * 0.1 + 0.01).astype(np.float32)
+    if op_type == "MatMulIntegerToFloat":
+        inputs = {"a": q8(np.uint8, *a_shape), "b": b, "sa": np.array(0.03, np.float32), "sb": sb}
+    else:
+        inputs = {"a": f32(*a_shape), "b": b, "sb": sb}
+    got, exp = run_both(op_type, inputs, inits=("sb",))
+    assert_same(got, exp, rtol=1e-5, atol=1e-5)
+
+
 def test_dynamic_quantize_matmul():
     inputs = {
         "a": f32(4, 32),

@@ -677,10 +677,13 @@ def _bias(y: np.ndarray, bias, what: str) -> np.ndarray:
 
 
 def _b_scale(b, b_scale) -> np.ndarray:
-    """B's scale as float32: per tensor, or per column (the last axis of B)."""
+    """B's scale as float32: per tensor, per column (the last axis of B; shared by a
+    batch of B matrices, as in onnxruntime) or per column of each matrix."""
     s = np.asarray(b_scale, dtype=_F32)
     if s.size == 1:
         return s.reshape(())
+    if s.ndim == 1 and s.shape[0] == b.shape[-1]:
+        return s  # broadcasts over rows (a 1-D A's product too) and batches
     if s.shape[-1] != b.shape[-1] or s.size != b.shape[-1] * int(
         math.prod(b.shape[:-2])
     ):
