@@ -304,6 +304,31 @@ def test_attention_unidirectional_with_past():
     assert got[1].shape == (2, b, n, p + s, d // n)
 
 
+@pytest.mark.parametrize("op_type", ["Attention", "QAttention"])
+def test_unidirectional_attention_leaves_future_keys_out(op_type):
+    """A future key whose score is 90,000 / sqrt(2) above the present one still gets no
+    weight: with unidirectional=1 query 0 attends to key 0 alone (its value [1, 0]),
+    as in onnxruntime, where adding -10000 to future scores let that key win."""
+    w = np.zeros((2, 6), np.float32)
+    w[0, 0] = w[1, 0] = w[1, 2] = 300.0  # every query and the second key large
+    w[0, 4] = w[1, 5] = 1.0  # the values are the inputs
+    if op_type == "Attention":
+        inputs = {"x": np.array([[[1.0, 0.0], [0.0, 1.0]]], np.float32), "w": w, "bias": np.zeros(6, np.float32)}
+        inits = ("w", "bias")
+    else:
+        wq = np.round(w / 3).astype(np.uint8)
+        wq[0, 4] = wq[1, 5] = 1  # values 3 * x
+        inputs = {"x": np.array([[[100, 0], [0, 100]]], np.uint8), "w": wq,
+                  "bias": np.zeros(6, np.float32), "xs": np.array(0.01, np.float32),
+                  "ws": np.array(3.0, np.float32), "mask": None, "xz": np.array(0, np.uint8),
+                  "wz": np.array(0, np.uint8)}
+        inits = ("w", "bias", "xs", "ws", "xz", "wz")
+    got, exp = run_both(op_type, inputs, inits=inits, num_heads=1, unidirectional=1)
+    assert_same(got, exp)
+    value = got[0][0, 0] / np.abs(got[0][0, 0]).max()
+    np.testing.assert_allclose(value, [1.0, 0.0], atol=1e-6)
+
+
 def test_attention_with_attention_bias():
     b, s, d, n = 2, 5, 16, 4
     inputs = _attention_inputs(b, s, d, bias_add=f32(1, n, s, s))

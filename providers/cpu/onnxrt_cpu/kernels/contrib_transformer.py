@@ -395,7 +395,7 @@ def _key_mask(mask, b, s, total, past, filt, name, allow_4d=True):
     raise ValueError(f"{name}: mask of rank {m.ndim} is not supported")
 
 
-def _sdpa(q, k, v, scale, add_mask, attention_bias, causal, past, filt, name, route=None):
+def _sdpa(q, k, v, scale, add_mask, attention_bias, causal, past, name, route=None):
     """``softmax(q k^T * scale + masks) v`` on ``[B, N, S, H]`` operands (``route``:
     the calling kernel's :class:`SoftmaxRoute`)."""
     scores = matmul_nd(q, k.swapaxes(-1, -2))
@@ -404,8 +404,11 @@ def _sdpa(q, k, v, scale, add_mask, attention_bias, causal, past, filt, name, ro
     if add_mask is not None:
         scores += add_mask
     if causal:
+        # keys after each query's position are left out of its softmax altogether, as
+        # onnxruntime does: adding the mask filter value instead (-10000) lets a future
+        # score that far above the rest through
         future = np.arange(t)[None, :] > (np.arange(s)[:, None] + past)
-        scores += np.where(future, filt, 0).astype(scores.dtype)
+        np.copyto(scores, scores.dtype.type(-np.inf), where=future)
     if attention_bias is not None:
         ab = _work(attention_bias)
         try:
@@ -532,7 +535,7 @@ class Attention(Kernel):
         scale = self.scale if self.scale is not None else 1.0 / math.sqrt(hq // self.n)
         mask = _key_mask(mask_index, b, s, total, past_len, self.filt, name)
         out, _ = _sdpa(
-            q, k, v, scale, mask, attention_bias, self.causal, past_len, self.filt, name, self._route
+            q, k, v, scale, mask, attention_bias, self.causal, past_len, name, self._route
         )
         outs = [_back(_merge(out), dtype)]
         if self.n_out > 1:
@@ -647,7 +650,7 @@ class MultiHeadAttention(Kernel):
             key_padding_mask, b, s, total, past_len, self.filt, name, allow_4d=False
         )
         out, probs = _sdpa(
-            q, k, v, scale, mask, attention_bias, self.causal, past_len, self.filt, name, self._route
+            q, k, v, scale, mask, attention_bias, self.causal, past_len, name, self._route
         )
         dt = query.dtype
         outs = [_back(_merge(out), dt)]
