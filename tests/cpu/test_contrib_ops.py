@@ -707,6 +707,21 @@ def test_qlinear_softmax(dt):
     assert_same(got, exp, step=1)
 
 
+@pytest.mark.parametrize("attrs", [{"opset": 11}, {"opset": 11, "axis": 1}, {"opset": 12, "axis": 0}, {"opset": 13}])
+def test_qlinear_softmax_axis_defaults_to_the_last(attrs):
+    """Without an axis attribute QLinearSoftmax normalizes over the last axis whatever
+    its opset attribute, as onnxruntime does; a given axis still coerces to 2-D there
+    for opsets before 13."""
+    dt = np.uint8
+    sx, zx = _qparams(dt, 0.1)
+    inputs = {"x": q8(dt, 2, 3, 5), "sx": sx, "zx": zx, "sy": np.array(1 / 256, np.float32),
+              "zy": np.array(0, dt)}
+    got, exp = run_both("QLinearSoftmax", inputs, out_types=[dt], inits=("sx", "zx", "sy", "zy"), **attrs)
+    assert_same(got, exp, step=1)
+    if "axis" not in attrs:  # each row of 5 sums to about 256 codes
+        assert np.all(np.abs(got[0].astype(int).sum(axis=-1) - 256) <= 5)
+
+
 def test_qlinear_concat_requantizes_each_input():
     dt = np.uint8
     inputs = {

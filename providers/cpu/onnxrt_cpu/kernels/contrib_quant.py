@@ -419,11 +419,13 @@ class QLinearLeakyRelu(QLinearLookup):
 @op("QLinearSoftmax", since=1, domain=MS)
 class QLinearSoftmax(Kernel):
     """Quantized Softmax. ``opset`` (the Softmax version the node replaced) picks the
-    axis semantics: before 13 the input is coerced to 2-D at ``axis``."""
+    axis semantics: before 13 the input is coerced to 2-D at ``axis``. ``axis`` is -1
+    unless given, whatever ``opset`` says (onnxruntime's schema default; Softmax-11's
+    own default of 1 does not apply to this op)."""
 
     def setup(self):
         self.opset = int(self.attrs.get("opset", 13))
-        self.axis = int(self.attrs.get("axis", -1 if self.opset >= 13 else 1))
+        self.axis = int(self.attrs.get("axis", -1))
 
     def run(self, x, x_scale, x_zero_point, y_scale, y_zero_point):
         _check_q(x, "QLinearSoftmax: X")
