@@ -761,11 +761,32 @@ def test_qlinear_global_average_pool(channels_last):
 
 
 @pytest.mark.parametrize("include_pad", [0, 1])
-def test_qlinear_average_pool(include_pad):
+@pytest.mark.parametrize("width, kernel, stride, pads",
+                         [(8, 3, 2, [0, 0, 0, 0]), (8, 3, 2, [0, 1, 0, 1]), (7, 4, 3, [0, 1, 0, 1]),
+                          (10, 5, 3, [0, 2, 0, 0])])
+def test_qlinear_average_pool_ceil_mode_divisors(include_pad, width, kernel, stride, pads):
+    """Ceil mode's last window overhangs the padded row: without count_include_pad it
+    averages its inputs alone; with it, onnxruntime divides by the whole kernel (the
+    overhang counting as padding). Codes 1..W at scale 1, output scale 1/16: exact."""
+    dt = np.uint8
+    inputs = {"x": np.arange(1, width + 1, dtype=dt).reshape(1, 1, 1, width), "sx": np.array(1.0, np.float32),
+              "zx": np.array(0, dt), "sy": np.array(1 / 16, np.float32), "zy": np.array(0, dt)}
+    got, exp = run_both("QLinearAveragePool", inputs, out_types=[dt], inits=("sx", "zx", "sy", "zy"),
+                        kernel_shape=[1, kernel], strides=[1, stride], pads=pads, count_include_pad=include_pad,
+                        ceil_mode=1)
+    assert_same(got, exp)
+
+
+@pytest.mark.parametrize("ceil_mode", [0, 1])
+@pytest.mark.parametrize("include_pad", [0, 1])
+def test_qlinear_average_pool(include_pad, ceil_mode):
+    """With ceil_mode the last windows overhang the padded input; the overhang never
+    counts towards the divisor (9 x 9 input, kernel 3, stride 2, pads 1: 5 outputs a
+    side, the last window two thirds outside)."""
     dt = np.uint8
     sx, zx = _qparams(dt, 0.04)
     sy, zy = _qparams(dt, 0.03)
-    inputs = {"x": q8(dt, 1, 3, 8, 8), "sx": sx, "zx": zx, "sy": sy, "zy": zy}
+    inputs = {"x": q8(dt, 1, 3, 9, 8), "sx": sx, "zx": zx, "sy": sy, "zy": zy}
     got, exp = run_both(
         "QLinearAveragePool",
         inputs,
@@ -775,8 +796,10 @@ def test_qlinear_average_pool(include_pad):
         strides=[2, 2],
         pads=[1, 1, 1, 1],
         count_include_pad=include_pad,
+        ceil_mode=ceil_mode,
     )
     assert_same(got, exp, step=1)
+    assert got[0].shape == ((1, 3, 5, 5) if ceil_mode else (1, 3, 5, 4))
 
 
 @pytest.mark.parametrize("quantized_out", [True, False])

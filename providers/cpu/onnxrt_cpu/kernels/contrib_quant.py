@@ -22,10 +22,11 @@ import math
 
 import numpy as np
 from onnxrt.kernel import Kernel
+from onnxrt.windows import pool_geometry
 
 from ..registry import op
 from .activation import _sigmoid
-from .conv import conv_pads, pad_spatial, spatial_attrs, tap_slices
+from .conv import pad_spatial, spatial_attrs, tap_slices
 from .quantize import (
     INT_RANGES,
     DequantizeLinear,
@@ -522,8 +523,7 @@ class QLinearAveragePool(Kernel):
 
     def setup(self):
         a = self.attrs
-        if a.get("ceil_mode", 0):
-            raise ValueError(f"{self.node.describe()}: ceil_mode=1 is not supported")
+        self.ceil_mode = int(a.get("ceil_mode", 0))
         self.include_pad = bool(a.get("count_include_pad", 0))
         self.channels_last = bool(a.get("channels_last", 0))
 
@@ -540,18 +540,23 @@ class QLinearAveragePool(Kernel):
             raise ValueError(
                 f"QLinearAveragePool: kernel_shape {kernel} must have {nd} entries"
             )
-        pb, pe, out_sp = conv_pads(
+        pb, pe, extra, out_sp = pool_geometry(
             xc.shape[2:],
             kernel,
             strides,
             dil,
             self.attrs.get("pads"),
             self.attrs.get("auto_pad", "NOTSET"),
+            self.ceil_mode,
+            self.node.describe(),
         )
         v = dequant(xc, x_scale, x_zero_point)
         ones = np.ones((1, 1) + xc.shape[2:], dtype=_F32)
+        pe = [e + x_ for e, x_ in zip(pe, extra)]
         vp = pad_spatial(v, pb, pe)
-        # padded cells count towards the divisor only with count_include_pad
+        # padded cells count towards the divisor only with count_include_pad, and then
+        # so does the overhang of ceil mode's last windows: onnxruntime divides every
+        # window by the kernel size there (AveragePool itself never counts the overhang)
         cp = pad_spatial(ones, pb, pe, 1 if self.include_pad else 0)
         acc = np.zeros(xc.shape[:2] + tuple(out_sp), dtype=_F32)
         cnt = np.zeros((1, 1) + tuple(out_sp), dtype=_F32)
