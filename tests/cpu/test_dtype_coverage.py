@@ -86,3 +86,30 @@ def test_op_dtype_matches_reference(op, code):
         np.testing.assert_allclose(got.astype(np.float64), want.astype(np.float64), rtol=tol, atol=tol)
     else:
         np.testing.assert_array_equal(got, want)
+
+
+ACTIVATIONS = ["Sigmoid", "HardSigmoid", "HardSwish", "Mish", "Softplus", "Softsign", "Elu", "Selu", "Celu",
+               "LeakyRelu", "ThresholdedRelu", "Gelu", "Shrink", "Relu", "Tanh", "Erf"]
+
+
+@pytest.mark.parametrize("dt", [np.float32, np.float16, np.float64])
+@pytest.mark.parametrize("op", ACTIVATIONS)
+def test_activation_of_a_rank_0_input(op, dt):
+    """A rank-0 input (numpy's ufuncs return scalars for it, which in-place steps
+    cannot write) gives a rank-0 result equal to the reference's."""
+    code = helper.np_dtype_to_tensor_dtype(np.dtype(dt))
+    node = helper.make_node(op, ["x"], ["y"])
+    model = helper.make_model(
+        helper.make_graph([node], "t", [helper.make_tensor_value_info("x", code, [])],
+                          [helper.make_empty_tensor_value_info("y")]),
+        opset_imports=[helper.make_opsetid("", OPSET)], ir_version=10)
+    tol = 1e-2 if dt == np.float16 else 1e-5
+    for v in (-1.5, 0.5, 3.0):
+        feeds = {"x": np.array(v, dt)}
+        # the reference on a one-value array where it fails on rank 0 itself (Softsign)
+        (want,) = ReferenceEvaluator(model).run(None, {"x": feeds["x"].reshape(1)}) if op == "Softsign" else \
+            ReferenceEvaluator(model).run(None, feeds)
+        (got,) = ort.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, feeds)
+        assert got.shape == () and got.dtype == np.dtype(dt)
+        np.testing.assert_allclose(got.astype(np.float64), np.asarray(want).astype(np.float64).reshape(()),
+                                   rtol=tol, atol=tol)

@@ -28,6 +28,10 @@ def _float_compute(fn):
 
     @functools.wraps(fn)
     def wrapper(k, x, *args, **kw):
+        if x.ndim == 0 and not any(getattr(a, "ndim", 0) for a in args):
+            # numpy's ufuncs give scalars for rank-0 operands, which the kernels'
+            # later in-place steps cannot write: one value, reshaped back
+            return wrapper(k, x.reshape(1), *args, **kw).reshape(())
         dt = x.dtype
         with np.errstate(over="ignore", invalid="ignore", under="ignore", divide="ignore"):
             if is_low_float(dt):
