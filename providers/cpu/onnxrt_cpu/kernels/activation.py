@@ -326,7 +326,7 @@ class _Normalize(Kernel):
         xf = x if self.native_narrow or not is_low_float(dt) else x.astype(_F32)
         if self.legacy:
             n = math.prod(x.shape[:axis])
-            y = self._apply(xf.reshape(n, -1), 1).reshape(x.shape)
+            y = self._apply(xf.reshape(n, math.prod(x.shape[axis:])), 1).reshape(x.shape)
         else:
             y = self._apply(xf, axis)
         return (y.astype(dt, copy=False),)

@@ -184,8 +184,9 @@ class _ConvWeights:
         self._paired = None
         wc = np.asarray(w, dtype=dtype)
         if group > 1 and w.shape[1] == 1 and m == group:
-            self.depthwise = np.ascontiguousarray(wc.reshape(m, -1))
-        self.gemm = np.ascontiguousarray(wc.reshape(group, m // group, -1))
+            self.depthwise = np.ascontiguousarray(wc.reshape(m, math.prod(w.shape[1:])))
+        # explicit sizes: -1 cannot be inferred when there are no output channels
+        self.gemm = np.ascontiguousarray(wc.reshape(group, m // group, math.prod(w.shape[1:])))
 
     def rows(self) -> np.ndarray:
         """The 2-D, group-1 weight as ``[kh * kw * C, M]``: the row order of a
@@ -1027,7 +1028,7 @@ class _IntConvBase(Kernel):
         wmax = float(np.abs(wf).max()) if wf.size else 0.0
         # the largest sum of one output channel's |weights|: times max |x - zp| it
         # bounds every partial sum (several times below K * max |w| for real weights)
-        l1 = column_l1(wf.reshape(w.shape[0], -1).T)
+        l1 = column_l1(wf.reshape(w.shape[0], math.prod(w.shape[1:])).T)
         return wp32, wp64, l1, wp32.gemm.reshape(w.shape), wmax
 
     def _accumulate(self, x, xzp, w, wzp):
@@ -1089,7 +1090,7 @@ class ConvInteger(_IntConvBase):
         rows = self._accumulate_rows(x, x_zero_point, w)
         if rows is not None:
             acc, (n, oh, ow) = rows
-            return (np.ascontiguousarray(_to_int32(acc).reshape(n, oh, ow, -1).transpose(0, 3, 1, 2)),)
+            return (np.ascontiguousarray(_to_int32(acc).reshape(n, oh, ow, acc.shape[-1]).transpose(0, 3, 1, 2)),)
         return (_to_int32(self._accumulate(x, x_zero_point, w, w_zero_point)),)
 
 
@@ -1195,7 +1196,7 @@ class _DeconvWeights:
         self.shape = w.shape
         self.group = group
         self.kernel = tuple(w.shape[2:])
-        wg = np.asarray(w, dtype=dtype).reshape(group, c // group, -1)
+        wg = np.asarray(w, dtype=dtype).reshape(group, c // group, math.prod(w.shape[1:]))
         self.gemm = np.ascontiguousarray(wg.transpose(0, 2, 1))
 
 
@@ -1342,7 +1343,7 @@ class DeformConv(Kernel):
         cpg = c // og
         sp_strides = [math.prod(in_sp[i + 1 :]) for i in range(nd)]
         y = np.empty((n, wp.shape[0], L), dtype=cdt)
-        xc = x.astype(cdt, copy=False).reshape(n, c, -1)
+        xc = x.astype(cdt, copy=False).reshape(n, c, math.prod(in_sp))
         for bi in range(n):
             cols = np.zeros((c, K, L), dtype=cdt)
             for gi in range(og):

@@ -124,7 +124,7 @@ class GatherND(Kernel):
         idx_dims = x.shape[b : b + m]
         rest = x.shape[b + m :]
         out_shape = ind.shape[:-1] + rest
-        flat = ind.reshape(batch, -1, m)
+        flat = ind.reshape(batch, math.prod(ind.shape[b:-1]), m)
         lin = np.zeros(flat.shape[:2], dtype=np.intp)
         for j, d in enumerate(idx_dims):
             lin = lin * d + _wrap(flat[..., j], d, "GatherND", b + j)
@@ -395,7 +395,7 @@ class TopK(Kernel):
             raise ValueError(f"TopK: k={k} out of range for axis {axis} of size {n}")
         xm = np.moveaxis(x, axis, -1)
         lead = xm.shape[:-1]
-        rows = xm.reshape(-1, n)
+        rows = xm.reshape(math.prod(lead), n)
         key = _descending_key(rows) if self.largest else rows
         idx = _topk_indices(key, k)
         vals = np.take_along_axis(rows, idx, axis=1)

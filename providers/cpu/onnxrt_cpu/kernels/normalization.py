@@ -173,7 +173,7 @@ class LayerNormalization(Kernel):
         cdt = _stash_dtype(self.stash, x.dtype)
         lead = x.shape[:axis]
         rows = math.prod(lead)
-        xc = x.astype(cdt, copy=False).reshape(rows, -1)
+        xc = x.astype(cdt, copy=False).reshape(rows, math.prod(x.shape[axis:]))
         y, mean, inv = _normalize(xc, 1, self.eps)
         y = y.reshape(x.shape)
         y = y.astype(x.dtype, copy=False) if x.dtype != cdt else y
@@ -230,7 +230,7 @@ def rms_normalization(k, x, scale, *, axis=-1, epsilon=1e-5, stash_type=1):
     ax = _norm_axis(axis, x.ndim)
     cdt = _stash_dtype(stash_type, x.dtype)
     lead = x.shape[:ax]
-    xc = x.astype(cdt, copy=False).reshape(math.prod(lead), -1)
+    xc = x.astype(cdt, copy=False).reshape(math.prod(lead), math.prod(x.shape[ax:]))
     ms = np.mean(xc * xc, axis=1, keepdims=True)
     y = xc * (1.0 / np.sqrt(ms + cdt.type(epsilon)))
     y = y.reshape(x.shape).astype(x.dtype, copy=False)

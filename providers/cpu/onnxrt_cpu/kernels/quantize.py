@@ -245,10 +245,11 @@ def dynamic_range(x: np.ndarray):
     ``[-zero point, 255 - zero point]``, so that the clip can be skipped: division by a
     positive scale and rounding are monotone, so the quotients' extremes are those of
     the data's extremes (about 1 % of values near the edges; NaN data clips). Data
-    that is all zero has scale 1 and zero point 0, as in onnxruntime."""
-    if x.size == 0:
-        raise ValueError("DynamicQuantizeLinear: input is empty, its range is undefined")
+    that is all zero, or empty, has scale 1 and zero point 0, as in onnxruntime."""
     xf = x.astype(_F32, copy=False)
+    if x.size == 0:
+        # the range of no values taken as [0, 0], as onnxruntime does: scale 1, zero point 0
+        return xf, np.float32(1), np.float32(0), False
     top, bottom = float(xf.max()), float(xf.min())
     # Python floats with each result rounded to float32: a single +, - or / of two
     # float32 values done in double and rounded to float32 is the float32 operation's

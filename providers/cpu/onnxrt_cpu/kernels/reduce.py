@@ -29,7 +29,9 @@ def _normalize_axes(axes, ndim: int, what: str) -> tuple[int, ...]:
     out = []
     for a in axes:
         a = int(a)
-        if not -ndim <= a < max(ndim, 1):
+        # a rank-0 tensor reduces over its one (implicit) axis as 0 or -1, as in
+        # onnxruntime
+        if not -max(ndim, 1) <= a < max(ndim, 1):
             raise ValueError(f"{what}: axis {a} is out of range for a tensor of rank {ndim}")
         out.append(a % ndim if ndim else 0)
     if len(set(out)) != len(out):
@@ -178,12 +180,19 @@ class Reduce(Kernel):
 
     def run(self, x, axes=None):
         ax = self._axes(x, axes)
+        if x.ndim == 0 and ax:
+            # the scalar's one value, reduced as a 1-element vector
+            (y,) = self._reduce(x.reshape(1), (0,), False)
+            return (y.reshape(()),)
+        return self._reduce(x, ax, self.keepdims)
+
+    def _reduce(self, x, ax, keepdims):
         xp = self.xp
         dt = x.dtype
         if self.upcast and _is_half(dt):
-            y = self.fn(xp, x.astype(np.float32), ax, self.keepdims)
+            y = self.fn(xp, x.astype(np.float32), ax, keepdims)
         else:
-            y = self.fn(xp, x, ax, self.keepdims)
+            y = self.fn(xp, x, ax, keepdims)
         y = xp.asarray(y)
         if y.dtype != dt:
             with np.errstate(over="ignore", invalid="ignore"):

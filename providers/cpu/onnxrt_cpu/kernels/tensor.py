@@ -562,7 +562,7 @@ def _pad(xp, x, pads, axes, mode, value):
     for a in range(r):
         if (before[a] or after[a]) and x.shape[a] == 0:
             raise ValueError(f"Pad: cannot pad an empty axis {a} in {mode} mode")
-        if mode == "reflect" and max(before[a], after[a]) >= x.shape[a]:
+        if mode == "reflect" and (before[a] or after[a]) and max(before[a], after[a]) >= x.shape[a]:
             raise ValueError(
                 f"Pad: reflect pads {before[a]}, {after[a]} on axis {a} need a dimension larger "
                 f"than {x.shape[a]}"
