@@ -1,7 +1,8 @@
-"""Empty tensors and rank-0 inputs through the kernels that reshaped them with an
-inferred (-1) size, or checked their axes and pads too strictly: each case runs on
-onnxrt and on onnxruntime, and the outputs must be equal in shape, type and value.
-(Found by a differential sweep against onnxruntime; each used to fail in onnxrt.)"""
+"""Edge cases found by a differential sweep against onnxruntime, each of which used
+to fail or differ in onnxrt: empty tensors and rank-0 inputs through kernels that
+reshaped with an inferred (-1) size or checked axes and pads too strictly, and
+special values (NaN, infinities, the float maximum, unsigned wrap-around). Each case
+runs on onnxrt and on onnxruntime; outputs must be equal in shape, type and value."""
 
 from __future__ import annotations
 
@@ -57,6 +58,17 @@ CASES = [
     ("Pad", [("x", np.ones((0, 3), F32)), ("p", np.array([0, 1, 0, 1], np.int64))], {"mode": "reflect"}, 19, 1),
     ("DynamicQuantizeLinear", [("x", np.ones((0,), F32))], {}, 11, 3),
     ("GatherND", [("x", np.arange(6, dtype=F32).reshape(2, 3)), ("i", np.zeros((2, 0), np.int64))], {}, 18, 1),
+    # special values
+    ("ThresholdedRelu", [("x", np.array([np.nan, -np.inf, 2.0, 0.5, -3.0], F32))], {}, 18, 1),
+    ("ThresholdedRelu", [("x", np.array([np.nan, -np.inf, 2.0, 0.5, -3.0], F32))], {"alpha": -1.0}, 18, 1),
+    ("ReduceLogSumExp", [("x", np.array([[1, 2], [3, 4]], np.uint32))], {"keepdims": 0}, 18, 1),
+    ("ReduceLogSumExp", [("x", np.array([[1, 2], [3, 4]], np.uint64))], {"keepdims": 0}, 18, 1),
+    ("Gelu", [("x", np.array([3.4e38, 2e38, -3.4e38, 1.0], F32))], {}, 20, 1),
+    ("Gelu", [("x", np.array([3.4e38, 2e38, -3.4e38, 1.0], F32))], {"approximate": "tanh"}, 20, 1),
+    ("TopK", [("x", np.array([1, np.nan, 2, np.nan], F32)), ("k", np.array([2], np.int64))], {"largest": 1}, 11, 2),
+    ("TopK", [("x", np.array([[np.nan, 0, 2], [5, 1, np.nan]], F32)), ("k", np.array([3], np.int64))],
+     {"largest": 1}, 11, 2),
+    ("TopK", [("x", np.array([1, np.nan, 2, np.nan], F32)), ("k", np.array([4], np.int64))], {"largest": 0}, 11, 2),
 ]
 
 
@@ -70,3 +82,35 @@ def test_edge_shape_matches_onnxruntime(op, inputs, attrs, opset, n_out):
     for g, e in zip(got, exp):
         assert g.shape == e.shape and g.dtype == e.dtype
         np.testing.assert_array_equal(g, e)
+
+
+@pytest.mark.parametrize("op, attrs", [("Div", {}), ("Mod", {"fmod": 0}), ("Mod", {"fmod": 1})])
+def test_integer_division_by_zero_fails_the_run(op, attrs):
+    """Integer division or modulo by zero is undefined: onnxruntime fails the run, and
+    so does onnxrt, with the reason (numpy would quietly give 0)."""
+    feeds = {"a": np.array([1, 2, 3], np.int32), "b": np.array([1, 0, 2], np.int32)}
+    model = _model(op, list(feeds.items()), attrs, 18, 1)
+    with pytest.raises(onnxrt.OnnxRtError, match="by zero"):
+        onnxrt.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, feeds)
+    with pytest.raises(Exception, match="by zero"):
+        ort.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, feeds)
+
+
+@pytest.mark.parametrize("shape", [[-2, 3], [2, -7], [-1, -1]])
+def test_reshape_rejects_negative_dimensions_other_than_one_minus_one(shape):
+    """numpy takes any negative dimension for "infer"; ONNX allows one -1 only, and
+    onnxruntime refuses the rest, as onnxrt now does (fed and constant shapes)."""
+    feeds = {"x": np.arange(6, dtype=F32), "s": np.array(shape, np.int64)}
+    model = _model("Reshape", list(feeds.items()), {}, 18, 1)
+    with pytest.raises(onnxrt.OnnxRtError, match="one -1"):
+        onnxrt.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, feeds)
+    with pytest.raises(Exception):
+        ort.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, feeds)
+    graph = helper.make_graph(
+        [helper.make_node("Reshape", ["x", "s"], ["y"])], "g",
+        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [6])],
+        [helper.make_empty_tensor_value_info("y")], [onnx.numpy_helper.from_array(feeds["s"], "s")])
+    const = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=10)
+    with pytest.raises(onnxrt.OnnxRtError, match="one -1"):
+        onnxrt.InferenceSession(const.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+            None, {"x": feeds["x"]})

@@ -217,8 +217,10 @@ def softsign(k, x):
 @op("ThresholdedRelu", since=10)
 @_float_compute
 def thresholded_relu(k, x, *, alpha=1.0):
-    """ONNX ThresholdedRelu: x where x > alpha, else 0."""
-    return k.xp.multiply(x, x > alpha)
+    """ONNX ThresholdedRelu: x where x > alpha, else 0 (+0, for NaN and -inf too,
+    which a product with the mask would turn into NaN)."""
+    xp = k.xp
+    return xp.where(x > alpha, x, xp.zeros((), dtype=x.dtype))
 
 
 @op("Shrink", since=9)
@@ -253,8 +255,9 @@ def gelu(k, x, *, approximate="none"):
     else:
         raise ValueError(f"{k.node.describe()}: approximate must be 'none' or 'tanh', got {approximate!r}")
     y += 1
-    y *= x
+    # halved before x multiplies it, so that x near the float maximum does not overflow
     y *= 0.5
+    y *= x
     return y
 
 

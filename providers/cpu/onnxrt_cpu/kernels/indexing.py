@@ -397,7 +397,12 @@ class TopK(Kernel):
         lead = xm.shape[:-1]
         rows = xm.reshape(math.prod(lead), n)
         key = _descending_key(rows) if self.largest else rows
-        idx = _topk_indices(key, k)
+        if self.largest and rows.dtype.kind == "f" and k and np.isnan(rows).any():
+            # NaN counts as the largest value, as in onnxruntime and onnx.reference: NaNs
+            # first (by index), then the rest descending, ties by lower index
+            idx = np.lexsort((key, ~np.isnan(rows)), axis=-1)[:, :k]
+        else:
+            idx = _topk_indices(key, k)
         vals = np.take_along_axis(rows, idx, axis=1)
         vals = np.moveaxis(vals.reshape(lead + (k,)), -1, axis)
         idx = np.moveaxis(idx.reshape(lead + (k,)), -1, axis)

@@ -267,8 +267,16 @@ _register_unary("BitwiseNot", 18, lambda xp, x: xp.invert(x))
 # -- binary arithmetic ---------------------------------------------------------------
 
 
+def _check_int_divisor(b, what: str) -> None:
+    """Integer division by zero is undefined; onnxruntime fails the run, and so does
+    this (numpy would quietly give 0)."""
+    if not b.all():
+        raise ValueError(f"Integer {what} by zero")
+
+
 def _int_div(a, b):
-    """Integer division truncating toward zero, as C does; x / 0 gives 0."""
+    """Integer division truncating toward zero, as C does."""
+    _check_int_divisor(b, "division")
     with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
         if a.dtype.kind == "u" and b.dtype.kind == "u":
             return np.floor_divide(a, b)
@@ -320,8 +328,9 @@ def mod(k, a, b, *, fmod=0):
     low = is_low_float(dt)
     if low:
         a, b = a.astype(_F32), b.astype(_F32)
+    if dt.kind in "iu":
+        _check_int_divisor(b, "modulo")
     with np.errstate(divide="ignore", invalid="ignore"):
-        # integer x % 0 gives 0 in numpy rather than trapping
         r = np.fmod(a, b) if fmod else np.remainder(a, b)
     return _cast_back(r, dt) if low else r
 

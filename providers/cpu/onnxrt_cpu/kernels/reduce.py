@@ -115,6 +115,10 @@ def _log_sum(xp, x, axes, keepdims):
 
 
 def _log_sum_exp(xp, x, axes, keepdims):
+    if x.dtype.kind in "iu":
+        # in float64: x - max wraps around for unsigned integers (the result is cast
+        # back to x's type by the kernel)
+        x = x.astype(np.float64)
     if x.size == 0:
         with np.errstate(divide="ignore"):
             return xp.log(xp.sum(xp.exp(x), axis=axes, keepdims=keepdims))

@@ -160,7 +160,14 @@ def size(k, x):
 # -- reshaping ----------------------------------------------------------------------------
 
 
+def _check_dims(dims) -> None:
+    """numpy takes any negative dimension for "infer"; ONNX only -1, and once."""
+    if min(dims, default=0) < -1 or list(dims).count(-1) > 1:
+        raise ValueError(f"Reshape: shape {list(dims)} may hold one -1 and no other negative dimension")
+
+
 def _reshape_dims(x, dims: list[int], allowzero: int) -> list[int]:
+    _check_dims(dims)
     if not allowzero and 0 in dims:
         dims = list(dims)
         for i, d in enumerate(dims):
@@ -187,6 +194,8 @@ class Reshape(Kernel):
         else:
             c = _const(self.node, 1)
             self.dims = None if c is None else _ints(c)
+        if self.dims is not None:
+            _check_dims(self.dims)
         # constant shapes with no 0 to resolve go straight to numpy
         self.direct = (
             None
