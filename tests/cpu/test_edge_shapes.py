@@ -114,3 +114,35 @@ def test_reshape_rejects_negative_dimensions_other_than_one_minus_one(shape):
     with pytest.raises(onnxrt.OnnxRtError, match="one -1"):
         onnxrt.InferenceSession(const.SerializeToString(), providers=["CPUExecutionProvider"]).run(
             None, {"x": feeds["x"]})
+
+
+@pytest.mark.parametrize("to, strings", [
+    (onnx.TensorProto.FLOAT, ["1e", "0b1", "1_000", "0x10", " 2.5x", "-.5e1", "inf"]),
+    (onnx.TensorProto.INT32, ["1e10", "0x10", "12abc", " -7", "+3.9"]),
+    (onnx.TensorProto.INT64, ["9", "1_000", "-0"]),
+])
+def test_cast_from_string_reads_the_leading_number(to, strings):
+    """Strings convert as C's strtod and strtoll read them, the longest number at the
+    start (as onnxruntime does): "1e" is 1.0, "0b1" 0, "1_000" 1, "0x10" 16.0 as a
+    float but 0 as an integer, "1e10" the integer 1."""
+    graph = helper.make_graph(
+        [helper.make_node("Cast", ["x"], ["y"], to=to)], "g",
+        [helper.make_tensor_value_info("x", onnx.TensorProto.STRING, None)],
+        [helper.make_tensor_value_info("y", to, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10).SerializeToString()
+    feeds = {"x": np.array(strings, dtype=object)}
+    got = onnxrt.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    exp = ort.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    assert got.dtype == exp.dtype
+    np.testing.assert_array_equal(got, exp)
+
+
+@pytest.mark.parametrize("text", ["abc", "ff", "e5", ""])
+def test_cast_from_a_string_without_a_leading_number_fails(text):
+    graph = helper.make_graph(
+        [helper.make_node("Cast", ["x"], ["y"], to=onnx.TensorProto.FLOAT)], "g",
+        [helper.make_tensor_value_info("x", onnx.TensorProto.STRING, None)],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10).SerializeToString()
+    with pytest.raises(onnxrt.OnnxRtError, match="cannot convert string"):
+        onnxrt.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, {"x": np.array([text], object)})

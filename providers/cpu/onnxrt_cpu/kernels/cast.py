@@ -8,6 +8,8 @@ when converting between strings and numbers.
 
 from __future__ import annotations
 
+import re
+
 import ml_dtypes
 import numpy as np
 from onnx import TensorProto
@@ -108,30 +110,31 @@ def _to_string(x: np.ndarray) -> np.ndarray:
     return x.astype(str).astype(_OBJ)
 
 
+# The longest number at the start of a string, as C's strtoll and strtod read it (and
+# onnxruntime's Cast with them): "1e10" is the integer 1, "1e" the float 1, "0b1" 0,
+# "0x1p4" 16.0; Python's int() and float() would take "1_000" whole, and
+# float.fromhex bare hexadecimal ("ff").
+_INT_PREFIX = re.compile(r"\s*([+-]?\d+)")
+_FLOAT_PREFIX = re.compile(
+    r"\s*([+-]?(?:0[xX](?:[0-9a-fA-F]+\.?[0-9a-fA-F]*|\.[0-9a-fA-F]+)(?:[pP][+-]?\d+)?"
+    r"|(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?|inf(?:inity)?|nan))",
+    re.IGNORECASE,
+)
+
+
 def _parse_int(s) -> int:
-    s = s.strip() if isinstance(s, str) else s
-    try:
-        return int(s)
-    except (TypeError, ValueError):
-        pass
-    try:
-        f = float(s)
-    except (TypeError, ValueError):
-        raise ValueError(f"Cast: cannot convert string {s!r} to an integer") from None
-    if not np.isfinite(f):
+    m = _INT_PREFIX.match(s) if isinstance(s, str) else None
+    if m is None:
         raise ValueError(f"Cast: cannot convert string {s!r} to an integer")
-    return int(f)
+    return int(m.group(1))
 
 
 def _parse_float(s) -> float:
-    try:
-        return float(s)
-    except (TypeError, ValueError):
-        pass
-    try:
-        return float.fromhex(s)  # C's strtod reads hexadecimal floats too
-    except (TypeError, ValueError):
-        raise ValueError(f"Cast: cannot convert string {s!r} to a number") from None
+    m = _FLOAT_PREFIX.match(s) if isinstance(s, str) else None
+    if m is None:
+        raise ValueError(f"Cast: cannot convert string {s!r} to a number")
+    t = m.group(1)
+    return float.fromhex(t) if "x" in t[:3].lower() else float(t)
 
 
 def _parse_bool(s) -> bool:
