@@ -58,6 +58,7 @@ CASES = [
     ("Pad", [("x", np.ones((0, 3), F32)), ("p", np.array([0, 1, 0, 1], np.int64))], {"mode": "reflect"}, 19, 1),
     ("DynamicQuantizeLinear", [("x", np.ones((0,), F32))], {}, 11, 3),
     ("GatherND", [("x", np.arange(6, dtype=F32).reshape(2, 3)), ("i", np.zeros((2, 0), np.int64))], {}, 18, 1),
+    ("Einsum", [("x", np.array(2.5, F32))], {"equation": ""}, 12, 1),
     # special values
     ("ThresholdedRelu", [("x", np.array([np.nan, -np.inf, 2.0, 0.5, -3.0], F32))], {}, 18, 1),
     ("ThresholdedRelu", [("x", np.array([np.nan, -np.inf, 2.0, 0.5, -3.0], F32))], {"alpha": -1.0}, 18, 1),

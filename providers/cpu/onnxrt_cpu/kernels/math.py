@@ -625,9 +625,11 @@ class Einsum(Kernel):
     """ONNX Einsum via ``np.einsum`` with contraction-order optimisation."""
 
     def setup(self):
-        eq = self.attrs.get("equation", "").replace(" ", "")
-        if not eq:
+        eq = self.attrs.get("equation")
+        if eq is None:
             raise ValueError(f"{self.node.describe()}: equation is required")
+        # an empty equation is a scalar's own (it gives the scalar, as in onnxruntime)
+        eq = eq.replace(" ", "")
         if "->" not in eq:
             # implicit output: labels seen once, in ASCII order, after any ellipsis dims
             letters = [c for c in eq if c.isalpha()]
