@@ -335,8 +335,12 @@ class MaxPool(_PoolBase):
             if y is None:
                 y = v.copy()
                 continue
-            # Strictly greater: the first maximal tap in window order wins.
+            # Strictly greater: the first maximal tap in window order wins. A NaN
+            # propagates into the value (np.maximum), so the index follows the first
+            # NaN too: never a value's index that the output does not hold
             np.greater(v, y, out=mask)
+            if v.dtype.kind == "f":
+                mask |= np.isnan(v) & ~np.isnan(y)
             np.maximum(y, v, out=y)
             np.putmask(best, mask, t)
         return (y.astype(dt, copy=False), self._indices(x.shape, best, kernel, strides, dil, pb, out_sp))
