@@ -17,10 +17,9 @@ import math
 import numpy as np
 from onnxrt.kernel import Kernel
 
-from ..parallel import matmul_nd, parallel_for, thread_count
+from ..parallel import matmul_nd
 from ..registry import op
-from .activation import swish
-from .math import erf
+from .activation import _GELU_SPLIT, gelu_erf, swish  # noqa: F401 - _GELU_SPLIT re-exported for tests
 from .rows import SoftmaxRoute, row_mean, row_sum, softmax_rows
 
 __all__ = [
@@ -45,65 +44,6 @@ def _back(y: np.ndarray, dt) -> np.ndarray:
 
 
 # -- Gelu family ----------------------------------------------------------------------------
-
-
-#: From this many elements a Gelu is split over the kernel threads: it is some 20
-#: numpy passes, long enough to pay for the hand-over (measured with the earlier
-#: 28-pass erf: BERT-base's 393,216-value BiasGelu, 1.03 ms on one thread, 0.74 ms on
-#: two; more parts than threads was slower). In whole models on the 2-core Intel
-#: machine, one session alternating the two settings run by run: BERT-base (393,216
-#: values) 12 % slower unsplit; the dynamically quantized transformer encoder at batch
-#: 32 (262,144 values) 2-7 % faster unsplit (four comparisons of 60 runs), so the split
-#: starts above it.
-_GELU_SPLIT = 3 << 17
-
-
-# erf(x / sqrt(2)) as tanh(x * P(x**2)) for float32 Gelu. P, of degree 6, is a
-# weighted least-squares fit of atanh(erf(x / sqrt(2))) / x on [0, 5.5], with the
-# weights pushed towards an equal-ripple error in erf. Gelu computed this way in
-# float32 is within 5.7e-7 of the exact one on [-12, 12] (the rational erf before
-# it: 1.4e-6), and beyond 5.5 the argument of tanh exceeds 9.08, so tanh is exactly
-# +-1 there and Gelu is x or 0. tanh is a single vectorized pass, so this takes 19
-# passes over the data against 28 for the rational erf (65,536 values: 146 -> 120 us).
-_GELU_TANH_P = (1.7563152978619428e-09, -1.322680920256349e-07, 3.9647985920779445e-06,
-                -5.530645896847896e-05, -3.259441598169052e-05, 0.03633308413099426,
-                0.7978849415467002)
-
-
-def _gelu_erf(x: np.ndarray) -> np.ndarray:
-    f = x.dtype.type
-    if x.dtype != np.float32:
-        y = erf(x * f(1.0 / math.sqrt(2.0)))
-    else:
-        z = x * x
-        y = z * f(_GELU_TANH_P[0])
-        for c in _GELU_TANH_P[1:-1]:
-            y += f(c)
-            y *= z
-        y += f(_GELU_TANH_P[-1])
-        y *= x
-        np.tanh(y, out=y)
-    y += 1
-    # halved before x multiplies it, so that x near float's maximum does not overflow
-    y *= f(0.5)
-    y *= x
-    return y
-
-
-def gelu_erf(x: np.ndarray) -> np.ndarray:
-    """``0.5 * x * (1 + erf(x / sqrt(2)))`` in ``x``'s (float32 or float64) type."""
-    threads = min(thread_count(), 8)
-    if x.size < _GELU_SPLIT or threads < 2 or not x.flags.c_contiguous:
-        return _gelu_erf(x)
-    flat = x.reshape(-1)
-    out = np.empty_like(flat)
-    cuts = [flat.size * i // threads // 16 * 16 for i in range(threads)] + [flat.size]
-
-    def part(i):
-        out[cuts[i] : cuts[i + 1]] = _gelu_erf(flat[cuts[i] : cuts[i + 1]])
-
-    parallel_for(threads, part, threads)
-    return out.reshape(x.shape)
 
 
 def _bias_add(x, bias, what):
