@@ -975,10 +975,10 @@ def test_batchnorm_with_overridable_parameters_folds_only_its_own_arrays():
 
 
 def test_large_gelu_split_over_threads_is_bitwise_the_serial_one():
-    """A Gelu of 2**18 values or more is computed in one part per kernel thread."""
+    """A Gelu of ``_GELU_SPLIT`` values or more is computed in one part per kernel thread."""
     import math
 
-    from onnxrt_cpu.kernels.contrib_transformer import _GELU_SPLIT, gelu_erf
+    from onnxrt_cpu.kernels.activation import _GELU_SPLIT, gelu_erf
 
     x = (np.random.default_rng(0).standard_normal(_GELU_SPLIT + 1000) * 3).astype(np.float32).reshape(-1, 8)
     with ThreadSettings(1):

@@ -35,8 +35,11 @@ class QAttention(Attention):
             self.w_l1 = column_l1(self.w_packed)
         # a constant weight scale converted once (the same array comes back every run)
         self.w_scale = None
-        if 1 in c and 4 in c and c[1].ndim == 2 and np.size(c[4]) in (1, c[1].shape[1]):
-            self.w_scale = (c[4], _col_param(c[4], c[1].shape[1], "weight_scale").astype(_F32))
+        if 1 in c and 4 in c and c[1].ndim == 2:
+            try:
+                self.w_scale = (c[4], _col_param(c[4], c[1].shape[1], "weight_scale").astype(_F32))
+            except ValueError:
+                pass  # a scale that does not fit the weight: run reports it
 
     def run(
         self,

@@ -19,7 +19,7 @@ from onnxrt.kernel import Kernel
 
 from ..parallel import matmul_nd
 from ..registry import op
-from .activation import _GELU_SPLIT, gelu_erf, swish  # noqa: F401 - _GELU_SPLIT re-exported for tests
+from .activation import gelu_erf, swish
 from .rows import SoftmaxRoute, row_mean, row_sum, softmax_rows
 
 __all__ = [

@@ -167,7 +167,6 @@ def _check_dims(dims) -> None:
 
 
 def _reshape_dims(x, dims: list[int], allowzero: int) -> list[int]:
-    _check_dims(dims)
     if not allowzero and 0 in dims:
         dims = list(dims)
         for i, d in enumerate(dims):
@@ -206,7 +205,11 @@ class Reshape(Kernel):
     def run(self, x, shape=None):
         d = self.direct
         if d is None:
-            dims = self.dims if self.dims is not None else _ints(shape)
+            if self.dims is not None:
+                dims = self.dims  # checked once, in setup
+            else:
+                dims = _ints(shape)
+                _check_dims(dims)
             d = _reshape_dims(x, dims, self.allowzero)
         try:
             return (x.reshape(d),)
