@@ -67,6 +67,10 @@ CONVS = [
     ("depthwise-5x5-s2-dil", (1, 24, 41, 40), (24, 1, 5, 5),
      {"group": 24, "pads": [3, 4, 4, 3], "strides": [2, 3], "dilations": [2, 1]}),
     ("depthwise-same-lower", (1, 16, 15, 16), (16, 1, 4, 4), {"group": 16, "auto_pad": "SAME_LOWER", "strides": [2, 2]}),
+    # without a bias (no row of ones), and a 3-D one whose phases' taps are 3-D grids
+    ("depthwise-stride2-no-bias", (1, 10, 20, 21), (10, 1, 3, 3), {"group": 10, "pads": [1, 1, 1, 1], "strides": [2, 2],
+                                                                   "bias": False}),
+    ("depthwise-3d-stride2", (1, 12, 9, 10, 11), (12, 1, 3, 3, 3), {"group": 12, "pads": [1] * 6, "strides": [2, 2, 2]}),
     # stride 1, output rows as wide as the input's: the taps read on the input's own row pitch
     ("depthwise-rows-asym", (2, 20, 9, 11), (20, 1, 3, 5), {"group": 20, "pads": [0, 4, 2, 0]}),
     ("depthwise-rows-dilated", (1, 24, 10, 6), (24, 1, 3, 3), {"group": 24, "pads": [2, 3, 2, 1], "dilations": [2, 2]}),
@@ -117,6 +121,8 @@ FUSED = [
     ("3x3-one-band", (1, 64, 7, 7), 3, 1),
     # grouped 1x1: one batched product over the groups, finished per image
     ("1x1-grouped", (2, 24, 9, 9), 1, 4),
+    # depthwise: the bias rides in the product, the residual and Relu follow
+    ("depthwise", (2, 40, 14, 14), 3, 40),
 ]
 
 

@@ -236,6 +236,14 @@ def _as_runs(a: np.ndarray, run: int, shape) -> np.ndarray:
     return a.reshape(-1).view(np.dtype((np.void, run * a.itemsize))).reshape(shape)
 
 
+def _strided(buf: np.ndarray, offset: int, shape, steps) -> np.ndarray:
+    """A view of the contiguous ``buf`` from element ``offset`` with ``shape`` and
+    ``steps`` (element strides), which may overlap: ``as_strided`` without its Python
+    wrapping (0.4 against 4.3 us a view)."""
+    isz = buf.itemsize
+    return np.ndarray(shape, buf.dtype, buf, offset * isz, tuple(st * isz for st in steps))
+
+
 def _scratch(size: int, dtype) -> np.ndarray:
     """A flat buffer of ``size`` elements owned by the calling thread, reused across calls.
 
@@ -294,9 +302,7 @@ def _conv_forward(x, wp: _ConvWeights, strides, dilations, pb, pe, out_sp, bias=
     bcol = None if bias is None else bias.astype(y.dtype, copy=False).reshape(m, 1)
 
     if wp.depthwise is not None and not unit:
-        _depthwise(x, wp, strides, dilations, pb, pe, out_sp, y, pad_value)
-        if bias is not None:
-            y += bcol.reshape((m,) + (1,) * nd)
+        _depthwise(x, wp, strides, dilations, pb, pe, out_sp, y, pad_value, bcol)
         if residual is not None:
             y += residual
         if activation is not None:
@@ -615,8 +621,9 @@ def _phase_geometry(in_sp, kernel, strides, dilations, pb, pe, out_sp):
     a run of output rows form one contiguous slice of ``rows * pitch[0]`` elements
     (outputs computed on the phase's row pitch, cropped afterwards).
 
-    Returns ``(q, pitch, [(phase, offset) per tap], copies)``, ``copies`` being the
-    ``(phase, destination slices, source slices)`` that :func:`_fill_phases` copies.
+    Returns ``(q, pitch, copies)``, ``copies`` being the ``(phase, destination slices,
+    source slices)`` that write the input into the phases (:func:`_tap_groups` places
+    the taps).
     """
     nd = len(kernel)
     reach = [(kernel[a] - 1) * dilations[a] // strides[a] for a in range(nd)]
@@ -637,36 +644,23 @@ def _phase_geometry(in_sp, kernel, strides, dilations, pb, pe, out_sp):
         if all(d_.stop > d_.start for d_ in dst):
             copies.append((k, tuple(dst), tuple(src)))
     pitch = [math.prod(q[a + 1 :]) for a in range(nd)]
-    tap_src = []
-    for t in itertools.product(*[range(k_) for k_ in kernel]):
-        pos = [t[a] * dilations[a] for a in range(nd)]
-        ph = phases.index(tuple(p_ % s_ for p_, s_ in zip(pos, strides)))
-        off = sum((pos[a] // strides[a]) * pitch[a] for a in range(nd))
-        tap_src.append((ph, off))
-    return tuple(q), tuple(pitch), tuple(tap_src), tuple(copies)
+    return tuple(q), tuple(pitch), tuple(copies)
 
 
-def _fill_phases(qb, x, q, copies, pad_value):
-    """Write the stride phases of ``x`` ``[C, *spatial]`` (see :func:`_phase_geometry`)
-    into ``qb`` ``[C, phases, prod(q)]``: padding everywhere, then each phase's part of
-    the input. One contiguous fill costs less than filling the margins, whose left and
-    right columns are one strided element per row."""
-    qb.fill(pad_value)
-    grid = qb.reshape(qb.shape[0], qb.shape[1], *q)
-    for k, dst, src in copies:
-        grid[(slice(None), k) + dst] = x[(slice(None),) + src]
-
-
-def _depthwise(x, wp, strides, dilations, pb, pe, out_sp, y, pad_value):
+def _depthwise(x, wp, strides, dilations, pb, pe, out_sp, y, pad_value, bias=None):
     """Depthwise conv: per channel, one small product ``w[c] @ taps[c]``.
 
     The padded input is split into ``prod(strides)`` phases (``x[p::s]`` along each
     axis), each contiguous, so that every kernel tap reads one contiguous run of one
     flattened phase: the output is computed on the phase's row pitch and cropped at
     the end (the phases get one spare row so the last tap's run stays in bounds).
-    Per block of channels the phases are written (:func:`_fill_phases`), the taps'
-    runs copied into a ``[c, taps, span]`` buffer and multiplied by the ``[c, 1,
-    taps]`` weights in one batched matmul. Blocks are shared by the kernel threads.
+    Per block of channels the input is written into the phases (whose padding,
+    never overwritten, is filled once a call), the taps' runs copied into a ``[c,
+    taps, span]`` buffer, a strided view of a phase per group of taps
+    (:func:`_tap_groups`), and multiplied by the ``[c, 1, taps]`` weights in one
+    batched matmul, a bias as one more tap reading ones (:func:`_with_bias`). Blocks
+    are shared by the kernel threads; each thread's buffers and views are made once
+    a call.
 
     The phases are written block by block rather than for the whole input first:
     with stride 2 each phase's strided copy touches every cache line of the input,
@@ -675,54 +669,126 @@ def _depthwise(x, wp, strides, dilations, pb, pe, out_sp, y, pad_value):
     the phases alone 1.33 ms for the whole input).
     """
     if (x.ndim == 4 and strides == (1, 1) and out_sp[1] == x.shape[3] and min(pb) >= 0 and min(pe) >= 0):
-        _depthwise_rows(x, wp, dilations, pb, pe, out_sp, y, pad_value)
+        _depthwise_rows(x, wp, dilations, pb, pe, out_sp, y, pad_value, bias)
         return
     n, c = x.shape[:2]
     w = wp.depthwise
     taps = w.shape[1]
-    q, pitch, tap_src, copies = _phase_geometry(tuple(x.shape[2:]), tuple(wp.kernel), tuple(strides), tuple(dilations),
-                                                tuple(pb), tuple(pe), tuple(out_sp))
+    q, pitch, copies = _phase_geometry(tuple(x.shape[2:]), tuple(wp.kernel), tuple(strides), tuple(dilations),
+                                          tuple(pb), tuple(pe), tuple(out_sp))
     nph = math.prod(strides)
     plane = math.prod(q)
     span = out_sp[0] * pitch[0]
-    crop = (slice(None), slice(None)) + tuple(slice(0, o) for o in out_sp[1:])
     cb = max(1, min(c, _DEPTHWISE_BLOCK_ELEMS // max(1, taps * span)))
     jobs = [(i, c0) for i in range(n) for c0 in range(0, c, cb)]
-    w3 = w.reshape(c, 1, taps)
+    # the taps as groups that each read one strided view of one phase: with stride 1
+    # there is one phase and all taps are one grid (kernel offsets times dilated
+    # pitches); with larger strides each phase's taps are a grid too (one run per
+    # axis), so a 3x3 stride-2 kernel is 4 copies, not 9. cols holds the taps in
+    # group order, the weights are permuted to match
+    groups, order = _tap_groups(wp.kernel, strides, dilations, pitch)
+    w3, rows_k = _with_bias(w.reshape(c, 1, taps)[:, :, order], bias)
+    spaces = {}
 
-    # with stride 1 there is one phase and the taps' runs start on a grid (kernel
-    # offsets times dilated pitches): all of a block's runs are one strided view,
-    # copied at once rather than one numpy call per tap
-    unit_stride = len(tap_src) and all(s_ == 1 for s_ in strides)
-    isz = x.itemsize
-    grid = tuple(dilations[a] * pitch[a] * isz for a in range(len(pitch)))
+    def space():
+        """This thread's phases, gathered taps, product and their views, made once a
+        call (the views cost more Python than a block's copies; see _depthwise_rows)."""
+        me = threading.get_ident()
+        sp = spaces.get(me)
+        if sp is None:
+            buf = _scratch(cb * (nph * plane + (rows_k + 1) * span), x.dtype)
+            qb = buf[: cb * nph * plane].reshape(cb, nph, plane)
+            # the padding, once: the blocks write the same parts of the phases
+            qb.fill(pad_value)
+            cols = buf[cb * nph * plane : cb * (nph * plane + rows_k * span)].reshape(cb, rows_k, span)
+            cols[:, taps:] = 1  # the bias's row: never overwritten by the blocks
+            res = buf[cb * (nph * plane + rows_k * span) :].reshape(cb, 1, span)
+            grid = qb.reshape(cb, nph, *q)
+            fills = [(grid[(slice(None), k) + dst], (slice(None),) + src) for k, dst, src in copies]
+            pairs = []
+            t0 = 0
+            for ph, off, shape, steps in groups:
+                count = math.prod(shape)
+                view = _strided(buf, ph * plane + off, (cb, *shape, span), (nph * plane, *steps, 1))
+                pairs.append((cols[:, t0 : t0 + count].reshape(cb, *shape, span), view))
+                t0 += count
+            crop = res.reshape(cb, out_sp[0], *q[1:])[(slice(None), slice(None)) + tuple(slice(0, o) for o in out_sp[1:])]
+            sp = spaces[me] = (qb, fills, pairs, cols, res, crop)
+        return sp
 
     def block(j):
         i, c0 = jobs[j]
         c1 = min(c, c0 + cb)
         k = c1 - c0
-        buf = _scratch(k * (nph * plane + (taps + 1) * span), x.dtype)
-        qb = buf[: k * nph * plane].reshape(k, nph, plane)
-        _fill_phases(qb, x[i, c0:c1], q, copies, pad_value)
-        cols = buf[k * nph * plane : k * (nph * plane + taps * span)].reshape(k, taps, span)
-        res = buf[k * (nph * plane + taps * span) :].reshape(k, 1, span)
-        if unit_stride:
-            src = qb[:, 0]
-            view = np.lib.stride_tricks.as_strided(
-                src, (c1 - c0, *wp.kernel, span), (src.strides[0], *grid, isz), writeable=False
-            )
-            np.copyto(cols.reshape(c1 - c0, *wp.kernel, span), view)
+        qb, fills, pairs, cols, res, crop = space()
+        xi = x[i, c0:c1]
+        if k == cb:
+            for dst, src in fills:
+                dst[...] = xi[src]
+            for dst, view in pairs:
+                np.copyto(dst, view)
         else:
-            for t, (ph, off) in enumerate(tap_src):
-                cols[:, t] = qb[:, ph, off : off + span]
-        np.matmul(w3[c0:c1], cols, out=res)
-        y[i, c0:c1] = res.reshape(c1 - c0, out_sp[0], *q[1:])[crop]
+            for dst, src in fills:
+                dst[:k] = xi[src]
+            for dst, view in pairs:
+                np.copyto(dst[:k], view[:k])
+        np.matmul(w3[c0:c1], cols[:k], out=res[:k])
+        y[i, c0:c1] = crop[:k]
 
     work = n * c * span * taps
     parallel.parallel_for(len(jobs), block, 1 if work < parallel.PARALLEL_MIN_FLOPS else None)
 
 
-def _depthwise_rows(x, wp, dilations, pb, pe, out_sp, y, pad_value):
+def _with_bias(w3: np.ndarray, bias) -> tuple[np.ndarray, int]:
+    """A depthwise weight ``[C, 1, taps]`` and the rows of gathered taps it multiplies:
+    with a bias ``[C, 1]``, the bias as one more tap, which reads a row of ones. The
+    product then carries the bias: one more row in a product that is in cache, where
+    adding it afterwards is a pass over the whole output (144 x 56 x 56: 112 us)."""
+    if bias is None:
+        return w3, w3.shape[2]
+    return np.concatenate([w3, bias.reshape(-1, 1, 1).astype(w3.dtype, copy=False)], axis=2), w3.shape[2] + 1
+
+
+@functools.lru_cache(maxsize=256)
+def _tap_groups(kernel, strides, dilations, pitch):
+    """The taps of :func:`_phase_geometry`'s phase layout as groups that each read one
+    strided view of one flattened phase: ``([(phase, offset, shape, element steps)],
+    tap order)``, the order listing the taps group by group.
+
+    Along each axis the taps landing in one phase are every ``s / gcd(s, d)``-th tap,
+    and their offsets in the phase grow by a constant step, so a phase's taps are the
+    product of one arithmetic run per axis: one view of ``shape`` (the run lengths)
+    with the runs' steps times the phase's pitches.
+    """
+    nd = len(kernel)
+    per_axis = []  # per axis: {phase index along the axis: [(tap index, offset)]}
+    for a in range(nd):
+        runs = {}
+        for t in range(kernel[a]):
+            pos = t * dilations[a]
+            runs.setdefault(pos % strides[a], []).append((t, pos // strides[a]))
+        per_axis.append(runs)
+    groups, order = [], []
+    for ph in itertools.product(*[range(s_) for s_ in strides]):
+        axes = [per_axis[a].get(ph[a]) for a in range(nd)]
+        if any(r is None for r in axes):
+            continue
+        index = 0
+        for a in range(nd):
+            index = index * strides[a] + ph[a]
+        offset = sum(axes[a][0][1] * pitch[a] for a in range(nd))
+        shape = tuple(len(r) for r in axes)
+        steps = tuple((r[1][1] - r[0][1] if len(r) > 1 else 0) * pitch[a] for a, r in enumerate(axes))
+        groups.append((index, offset, shape, steps))
+        for t in itertools.product(*[[tt for tt, _ in r] for r in axes]):
+            flat = 0
+            for a in range(nd):
+                flat = flat * kernel[a] + t[a]
+            order.append(flat)
+    return tuple(groups), order
+
+
+def _depthwise_rows(x, wp, dilations, pb, pe, out_sp, y, pad_value, bias=None):
     """:func:`_depthwise` for a stride-1 2-D layer whose output rows are as wide as
     its input rows (the usual "same" 3x3 layer), on the input's own row pitch.
 
@@ -745,33 +811,58 @@ def _depthwise_rows(x, wp, dilations, pb, pe, out_sp, y, pad_value):
     head, tail = pb[1] + pb[0] * wd, pe[0] * wd + pe[1]
     cb = max(1, min(c, _DEPTHWISE_BLOCK_ELEMS // max(1, taps * length)))
     jobs = [(i, c0) for i in range(n) for c0 in range(0, c, cb)]
-    w3 = wp.depthwise.reshape(c, 1, taps)
+    w3, rows_k = _with_bias(wp.depthwise.reshape(c, 1, taps), bias)
     # output columns whose tap tx falls left or right of the row: (tx, column) pairs
     edges = []
     for tx in range(kw):
         off = tx * dw - pb[1]
         cols_out = range(min(wd, -off)) if off < 0 else range(max(0, wd - off), wd)
         edges.extend((tx, col) for col in cols_out)
+    spaces = {}
+
+    def space():
+        """This thread's padded input, gathered taps and their views, made once a call:
+        the views cost more Python than a block's copies, and every line of Python a
+        pool thread runs is one more wait for the GIL."""
+        me = threading.get_ident()
+        sp = spaces.get(me)
+        if sp is None:
+            buf = _scratch(cb * (per + rows_k * length), x.dtype)
+            xb = buf[: cb * per].reshape(cb, per)
+            gathered = buf[cb * per :].reshape(cb, rows_k, length)
+            gathered[:, taps:] = 1  # the bias's row: never overwritten by the blocks
+            cols = gathered[:, :taps].reshape(cb, kh, kw, length)
+            if head:
+                xb[:, :head] = pad_value
+            if tail:
+                xb[:, per - tail :] = pad_value
+            view = _strided(buf, 0, (cb, kh, kw, length), (per, dh * wd, dw, 1))
+            if len(edges) == 2:
+                # both edge columns of every gathered row in one strided view
+                (t0, c0_), (t1, c1_) = edges
+                d = (t1 - t0) * length + (c1_ - c0_)
+                fix = [_strided(buf, cb * per + t0 * length + c0_, (cb, kh, 2, oh), (rows_k * length, kw * length, d, wd))]
+            else:
+                fix = [cols[:, :, tx, col::wd] for tx, col in edges]
+            sp = spaces[me] = (xb[:, head : head + h * wd], cols, view, fix, gathered)
+        return sp
 
     def block(j):
         i, c0 = jobs[j]
         c1 = min(c, c0 + cb)
         k = c1 - c0
-        buf = _scratch(k * (per + taps * length), x.dtype)
-        xb = buf[: k * per].reshape(k, per)
-        cols = buf[k * per :].reshape(k, kh, kw, length)
-        if head:
-            xb[:, :head] = pad_value
-        if tail:
-            xb[:, per - tail :] = pad_value
-        xb[:, head : head + h * wd] = x[i, c0:c1].reshape(k, h * wd)
-        isz = xb.itemsize
-        view = np.lib.stride_tricks.as_strided(xb, (k, kh, kw, length), (xb.strides[0], dh * wd * isz, dw * isz, isz),
-                                               writeable=False)
-        np.copyto(cols, view)
-        for tx, col in edges:
-            cols[:, :, tx, col::wd] = pad_value
-        np.matmul(w3[c0:c1], cols.reshape(k, taps, length), out=y[i, c0:c1].reshape(k, 1, length))
+        inner, cols, view, fix, gathered = space()
+        if k == cb:
+            inner[...] = x[i, c0:c1].reshape(k, h * wd)
+            np.copyto(cols, view)
+            for f in fix:
+                f.fill(pad_value)
+        else:
+            inner[:k] = x[i, c0:c1].reshape(k, h * wd)
+            np.copyto(cols[:k], view[:k])
+            for f in fix:
+                f[:k] = pad_value
+        np.matmul(w3[c0:c1], gathered[:k], out=y[i, c0:c1].reshape(k, 1, length))
 
     work = n * c * length * taps
     parallel.parallel_for(len(jobs), block, 1 if work < parallel.PARALLEL_MIN_FLOPS else None)
