@@ -1,6 +1,7 @@
 """The CPU provider's fast paths give onnxruntime's answers, and threads behave.
 
-- Conv: every lowering (1x1 as a plain GEMM, banded im2col + GEMM, one band with the
+- Conv: every lowering (1x1 as a plain GEMM, banded im2col + GEMM (from a padded grid,
+  or on the input's own row pitch when the output rows are as wide), one band with the
   product split over threads, grouped, depthwise through strided phases or on the input's row pitch,
   channels-last im2col of batches with one or two outputs per row) at 1 and 2 kernel threads, against
   onnxruntime;
@@ -60,6 +61,9 @@ CONVS = [
     ("3x3-deep-one-band", (1, 256, 7, 7), (256, 256, 3, 3), {"pads": [1, 1, 1, 1]}),
     ("5x5-stride2-asym", (2, 8, 37, 30), (16, 8, 5, 5), {"pads": [2, 1, 0, 2], "strides": [2, 2]}),
     ("dilated", (1, 16, 30, 30), (32, 16, 3, 3), {"dilations": [2, 2], "pads": [2, 1, 2, 3]}),
+    # output rows as wide as the input's: taps gathered on the input's own row pitch
+    ("rows-stride2x1", (1, 8, 21, 17), (16, 8, 3, 3), {"pads": [1, 1, 1, 1], "strides": [2, 1]}),
+    ("rows-left-pad-only", (2, 6, 11, 9), (10, 6, 2, 3), {"pads": [1, 2, 0, 0]}),
     ("grouped", (2, 32, 24, 24), (64, 8, 3, 3), {"group": 4, "pads": [1, 1, 1, 1]}),
     ("grouped-1x1", (2, 32, 10, 10), (48, 8, 1, 1), {"group": 4}),
     ("depthwise", (1, 96, 56, 56), (96, 1, 3, 3), {"group": 96, "pads": [1, 1, 1, 1]}),

@@ -396,7 +396,28 @@ def _conv_forward(x, wp: _ConvWeights, strides, dilations, pb, pe, out_sp, bias=
             activation(y)
         return y
 
-    xp = pad_spatial(x, pb, pe, pad_value)
+    # "Same" rows (unit stride along the row, output as wide as the input): the
+    # input padded above and below only, each channel one flat run on the input's
+    # own row pitch, where every tap of a band of output rows is one contiguous run
+    # and a tap past a row's end reads the next row's first values (its column of
+    # the gathered taps is overwritten with the padding, as in _depthwise_rows).
+    # Against the padded grid: one contiguous copy of the input, not one per row,
+    # and one long run per tap and band, not one per output row
+    pitch = nd == 2 and strides[1] == 1 and out_sp[1] == x.shape[3] and min(pb) >= 0 and min(pe) >= 0
+    if pitch:
+        h, wd = x.shape[2:]
+        head, tail = pb[1] + pb[0] * wd, pe[0] * wd + pe[1]
+        per = head + h * wd + tail
+        xq = np.empty((n, c, per), dtype=x.dtype)
+        if head:
+            xq[..., :head] = pad_value
+        if tail:
+            xq[..., per - tail :] = pad_value
+        xq[..., head : head + h * wd] = x.reshape(n, c, h * wd)
+        xq_flat = xq.reshape(-1)
+        edges = _row_edges(kernel[1], dilations[1], pb[1], wd)
+    else:
+        xp = pad_spatial(x, pb, pe, pad_value)
     rows = out_sp[0]
     inner = L // rows
     band = max(1, _BAND_ELEMS // max(1, K * inner), -(-_BAND_MIN_COLS // inner))
@@ -413,17 +434,31 @@ def _conv_forward(x, wp: _ConvWeights, strides, dilations, pb, pe, out_sp, bias=
     # every tap's strided slice at once: a view [cg, *kernel, *out] of the padded input
     # (one copy per band, in C, instead of one per tap: the pool threads need the GIL
     # for each numpy call, and hand it over at a cost)
-    sx = xp.strides
-    view_strides = (sx[1], *(sx[2 + a] * dilations[a] for a in range(nd)),
-                    *(sx[2 + a] * strides[a] for a in range(nd)))
+    if not pitch:
+        sx = xp.strides
+        view_strides = (sx[1], *(sx[2 + a] * dilations[a] for a in range(nd)),
+                        *(sx[2 + a] * strides[a] for a in range(nd)))
 
     # With a unit stride along the last axis, each tap's output row is one contiguous
     # run of the padded input, copied as one element (:func:`_runs_view`): 512
     # channels of 7x7 with a 3x3 kernel 172 -> 110 us, 256 of 14x14 191 -> 144 us, 64
     # of 56x56 within the spread
-    runs = nd >= 2 and strides[-1] == 1 and xp.flags.c_contiguous and out_sp[-1] > 0
+    runs = not pitch and nd >= 2 and strides[-1] == 1 and xp.flags.c_contiguous and out_sp[-1] > 0
 
     def gather(i, gi, r0, r1, cols):
+        if pitch:
+            kh_, kw_ = kernel
+            start = (i * c + gi * cg) * per + strides[0] * r0 * wd
+            if strides[0] == 1:
+                src = _strided(xq_flat, start, (cg, kh_, kw_, (r1 - r0) * wd), (per, dilations[0] * wd, dilations[1], 1))
+                np.copyto(cols.reshape(cg, kh_, kw_, (r1 - r0) * wd), src)
+            else:
+                src = _strided(xq_flat, start, (cg, kh_, kw_, r1 - r0, wd),
+                               (per, dilations[0] * wd, dilations[1], strides[0] * wd, 1))
+                np.copyto(cols, src)
+            for tx, col in edges:
+                cols[:, :, tx, :, col] = pad_value
+            return
         if runs:
             shape = (cg, *kernel, r1 - r0, *out_sp[1:-1])
             offset = i * sx[0] + gi * cg * sx[1] + s0 * r0 * sx[2]
@@ -812,12 +847,7 @@ def _depthwise_rows(x, wp, dilations, pb, pe, out_sp, y, pad_value, bias=None):
     cb = max(1, min(c, _DEPTHWISE_BLOCK_ELEMS // max(1, taps * length)))
     jobs = [(i, c0) for i in range(n) for c0 in range(0, c, cb)]
     w3, rows_k = _with_bias(wp.depthwise.reshape(c, 1, taps), bias)
-    # output columns whose tap tx falls left or right of the row: (tx, column) pairs
-    edges = []
-    for tx in range(kw):
-        off = tx * dw - pb[1]
-        cols_out = range(min(wd, -off)) if off < 0 else range(max(0, wd - off), wd)
-        edges.extend((tx, col) for col in cols_out)
+    edges = _row_edges(kw, dw, pb[1], wd)
     spaces = {}
 
     def space():
@@ -866,6 +896,18 @@ def _depthwise_rows(x, wp, dilations, pb, pe, out_sp, y, pad_value, bias=None):
 
     work = n * c * length * taps
     parallel.parallel_for(len(jobs), block, 1 if work < parallel.PARALLEL_MIN_FLOPS else None)
+
+
+def _row_edges(kw: int, dw: int, pad: int, wd: int) -> list[tuple[int, int]]:
+    """On the input's own row pitch (rows of ``wd`` values, ``pad`` before each), the
+    ``(tap column, output column)`` pairs whose tap falls left or right of the row and
+    reads the neighbouring row instead of the padding."""
+    edges = []
+    for tx in range(kw):
+        off = tx * dw - pad
+        cols_out = range(min(wd, -off)) if off < 0 else range(max(0, wd - off), wd)
+        edges.extend((tx, col) for col in cols_out)
+    return edges
 
 
 def _weight_for(k, w, group, dtype):
