@@ -161,9 +161,10 @@ class FunctionKernel(Kernel):
 
     def run(self, *inputs):
         r = type(self).fn(self, *inputs, **self.kw)
+        # arrays pass as they are; the type test first, as this runs for every node
         if type(r) is tuple:
-            return tuple(_as_value(v) for v in r)
-        return (_as_value(r),)
+            return tuple([v if type(v) is np.ndarray else _as_value(v) for v in r])
+        return (r if type(r) is np.ndarray else _as_value(r),)
 
 
 def _function_kernel_class(fn: Callable) -> type[Kernel]:
