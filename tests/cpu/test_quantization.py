@@ -321,6 +321,53 @@ def test_integer_conv_accumulator_past_2_24_with_constant_weights(op, pads):
     assert centre == (2**24 + 1 if op == "ConvInteger" else 1)
 
 
+@pytest.mark.parametrize("kernel", [1, 3])
+@pytest.mark.parametrize("fits", [True, False])
+def test_qlinear_conv_bias_in_the_product_up_to_the_exact_bound(kernel, fits, monkeypatch):
+    """A batch's QLinearConv carries a bias in its float32 product (one more weight row
+    times a column of ones) only while every partial sum, bias included, stays below
+    2**24: 57 channels of 3x3 weights of 127 on inputs up to 255 reach 16.6M (1x1:
+    1.8M), so a bias of 100 rides in the product and one 1000 past the bound is added
+    afterwards, exactly, as onnxruntime adds it to its int32 accumulator."""
+    rng = np.random.default_rng(7)
+    c, m = 57, 6
+    bias = 100 if fits else 2**24 - c * kernel * kernel * 127 * 255 + 1000
+    x = rng.integers(0, 256, (3, c, 7, 9)).astype(np.uint8)
+    x[0] = 255  # one image at the bound
+    w = np.full((m, c, kernel, kernel), 127, np.int8)
+    w[1::2] = rng.integers(-128, 128, w[1::2].shape)
+    b = np.array([bias, -bias, 3, -7, bias // 2, 0], np.int32)
+    inits = [numpy_helper.from_array(v, n) for n, v in (
+        ("xs", np.array(0.02, np.float32)), ("xz", np.array(0, np.uint8)), ("w", w),
+        ("ws", np.array(0.01, np.float32)), ("wz", np.array(0, np.int8)),
+        ("ys", np.array(2.0 * kernel * kernel, np.float32)), ("yz", np.array(128, np.uint8)), ("b", b))]
+    graph = helper.make_graph(
+        [helper.make_node("QLinearConv", ["x", "xs", "xz", "w", "ws", "wz", "ys", "yz", "b"], ["y"],
+                          pads=[kernel // 2] * 4)], "c",
+        [helper.make_tensor_value_info("x", TensorProto.UINT8, list(x.shape))],
+        [helper.make_tensor_value_info("y", TensorProto.UINT8, None)], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=10).SerializeToString()
+    from onnxrt_cpu.kernels import conv
+
+    folded = []
+    with_bias_row = conv._IntConvBase._with_bias_row
+
+    def spy(self, *args):
+        folded.append(True)
+        return with_bias_row(self, *args)
+
+    monkeypatch.setattr(conv._IntConvBase, "_with_bias_row", spy)
+    sess = onnxrt.InferenceSession(model, providers=["CPUExecutionProvider"])
+    exp = ort.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    np.testing.assert_array_equal(sess.run(None, {"x": x})[0], exp)
+    assert len(np.unique(exp)) > 10
+    assert bool(folded) == fits  # past the bound the bias is added afterwards
+    # a second batch through the same session (its cached weight with the bias row)
+    x2 = rng.integers(0, 256, x.shape).astype(np.uint8)
+    exp2 = ort.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, {"x": x2})[0]
+    np.testing.assert_array_equal(sess.run(None, {"x": x2})[0], exp2)
+
+
 @pytest.mark.parametrize("constant_weight", [True, False])
 def test_conv_integer_wraps_its_int32_accumulator(constant_weight):
     """33,100 channels of 255 * 255 overflow int32: the result wraps as onnxruntime's

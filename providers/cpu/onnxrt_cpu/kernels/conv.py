@@ -580,13 +580,16 @@ def _rows_product(xp, kernel, strides, out_sp, w_rows, pairs, jobs, threads, out
     input ``xp``: each block of ``jobs`` (:func:`_row_blocks` over ``OW / pairs``
     columns) gathers its im2col rows with one strided copy and calls
     ``product(cols, w_rows, dst)``, the blocks claimed by ``threads`` threads.
-    ``w_rows`` is :func:`paired_rows`'s weight for ``pairs`` outputs per row; ``dh``
+    ``w_rows`` is :func:`paired_rows`'s weight for ``pairs`` outputs per row, or that
+    weight with one more row (a bias), which then multiplies a column of ones; ``dh``
     dilates the kernel rows (its columns are not dilated)."""
     n, c = xp.shape[0], xp.shape[3]
     (kh, kw), (sh, sw), (oh, ow) = kernel, strides, out_sp
     fw = (pairs - 1) * sw + kw
     owp = ow // pairs
     k = w_rows.shape[0]
+    ones = k > kh * fw * c
+    isz = xp.itemsize
     s_n, s_h, s_w, s_c = xp.strides
     # each tap row's fw * C values copied as one element (:func:`_runs_view`; xp is a
     # fresh padded copy, C-contiguous): a 7x7 stem on 3 channels, runs of 27 values,
@@ -599,7 +602,14 @@ def _rows_product(xp, kernel, strides, out_sp, w_rows, pairs, jobs, threads, out
         i0, i1, r0, r1 = jobs[j]
         count = (i1 - i0) * (r1 - r0) * owp
         cols = _scratch(count * k, xp.dtype)
-        np.copyto(_as_runs(cols, fw * c, (i1 - i0, r1 - r0, owp, kh)), view[i0:i1, r0:r1])
+        if ones:
+            # rows of k values: the taps' runs, then a one
+            dst = _runs_view(cols, fw * c, (i1 - i0, r1 - r0, owp, kh),
+                             ((r1 - r0) * owp * k * isz, owp * k * isz, k * isz, fw * c * isz))
+            np.copyto(dst, view[i0:i1, r0:r1])
+            cols.reshape(count, k)[:, k - 1] = 1
+        else:
+            np.copyto(_as_runs(cols, fw * c, (i1 - i0, r1 - r0, owp, kh)), view[i0:i1, r0:r1])
         start = i0 * per + r0 * owp
         product(cols.reshape(count, k), w_rows, out2[start : start + count])
 
@@ -1044,6 +1054,7 @@ class _IntConvBase(Kernel):
         self._rows_w = None
         self._plans = {}
         self._bias_bound = None
+        self._bias_rows = None
         c = self.node.constants
         w = c.get(self.w_index)
         wzp_idx = self.wzp_index
@@ -1089,11 +1100,15 @@ class _IntConvBase(Kernel):
         self._plans[key] = plan
         return plan
 
-    def _accumulate_rows(self, x, xzp, w):
+    def _accumulate_rows(self, x, xzp, w, bias=None):
         """The accumulator as exact float32 rows ``[N * OH * OW, M]`` (channels last),
         from the im2col of a channels-last copy of the whole batch, gathered and
         multiplied block by block (:func:`_row_blocks`), or None where that path does
-        not apply (then :meth:`_accumulate` runs).
+        not apply (then :meth:`_accumulate` runs). Returns ``(rows, (N, OH, OW),
+        biased)``: an integer ``bias`` ``[M]`` is carried by the product as one more
+        row of the weight times a column of ones (``biased`` true) when every partial
+        sum, the bias's included, stays below 2**24 and so exact in float32; its
+        pass over the rows is spared.
 
         Many small images make the banded NCHW path a long Python loop of small copies;
         here each im2col row is ``KH`` contiguous runs of ``KW * C`` values of the
@@ -1124,26 +1139,51 @@ class _IntConvBase(Kernel):
         kchunk = paired.shape[0] if l1 * xmax < 2.0**24 else int((2**24 - 1) // (wmax * xmax))
         if kchunk < min(k, 32):
             return None
+        if bias is not None and not (kchunk >= k and l1 * xmax + self._bias_max(bias) < 2.0**24):
+            bias = None
         n, c, h, wd = x.shape
         rows_per_image = oh * ow
         out = np.empty((n * rows_per_image, w_rows.shape[1]), dtype=np.float32 if kchunk >= k else np.float64)
         if kh == kw == 1 and not any(pb) and not any(pe):
-            cols = np.empty((n, oh, ow, c), dtype=np.float32)
-            fill_channels_last(cols, x[:, :, : (oh - 1) * sh + 1 : sh, : (ow - 1) * sw + 1 : sw], zp)
-            if kchunk >= k:
+            ce = c + (bias is not None)
+            cols = np.empty((n, oh, ow, ce), dtype=np.float32)
+            fill_channels_last(cols[..., :c], x[:, :, : (oh - 1) * sh + 1 : sh, : (ow - 1) * sw + 1 : sw], zp)
+            if bias is not None:
+                cols[..., c] = 1
+                parallel.matmul(cols.reshape(-1, ce), self._with_bias_row(w_rows, bias, 1), out=out)
+            elif kchunk >= k:
                 parallel.matmul(cols.reshape(-1, c), w_rows, out=out)
             else:
                 _exact_product(cols.reshape(-1, c), w_rows, kchunk, out)
-            return out, (n, oh, ow)
+            return out, (n, oh, ow), bias is not None
         xp = np.zeros((n, h + pb[0] + pe[0], wd + pb[1] + pe[1], c), dtype=np.float32)
         fill_channels_last(xp[:, pb[0] : pb[0] + h, pb[1] : pb[1] + wd], x, zp)
         # blocks small enough to be multiplied while in cache, claimed one at a time
         # by the threads; with fewer images than threads, bands of rows. The widened
         # weight has zeros only where the plain one has none: the same column sums,
         # hence the same exact chunks
+        if bias is not None:
+            paired = self._with_bias_row(paired, bias, pairs)
+            kchunk = paired.shape[0]
         _rows_product(xp, (kh, kw), (sh, sw), (oh, ow), paired, pairs, jobs, threads, out,
                       lambda a, b, dst: _exact_product(a, b, kchunk, dst))
-        return out, (n, oh, ow)
+        return out, (n, oh, ow), bias is not None
+
+    def _bias_max(self, b) -> int:
+        """``max |b|`` (0 if empty), kept for the last bias array seen (a constant)."""
+        cached = self._bias_bound
+        if cached is None or cached[0] is not b:
+            cached = self._bias_bound = (b, int(np.abs(b.astype(np.int64)).max()) if b.size else 0)
+        return cached[1]
+
+    def _with_bias_row(self, w_rows, bias, pairs):
+        """``w_rows`` ``[K, pairs * M]`` with the bias (repeated for each of the
+        ``pairs`` outputs) as one more row, kept for the last weight and bias seen."""
+        cached = self._bias_rows
+        if cached is None or cached[0] is not w_rows or cached[1] is not bias:
+            row = np.tile(bias.astype(np.float32), pairs).reshape(1, -1)
+            cached = self._bias_rows = (w_rows, bias, np.concatenate([w_rows, row]))
+        return cached[2]
 
     def _pack(self, w, wzp):
         wf = w.astype(np.float64)
@@ -1222,7 +1262,7 @@ class ConvInteger(_IntConvBase):
     def run(self, x, w, x_zero_point=None, w_zero_point=None):
         rows = self._accumulate_rows(x, x_zero_point, w)
         if rows is not None:
-            acc, (n, oh, ow) = rows
+            acc, (n, oh, ow), _ = rows
             return (np.ascontiguousarray(_to_int32(acc).reshape(n, oh, ow, acc.shape[-1]).transpose(0, 3, 1, 2)),)
         return (_to_int32(self._accumulate(x, x_zero_point, w, w_zero_point)),)
 
@@ -1240,7 +1280,7 @@ class QLinearConv(_IntConvBase):
         # it would joining the int32 one
         bmax = self._bias_max(b) if b is not None and b.shape == (m,) else None
         small_bias = b is None or (bmax is not None and bmax < 2**24)
-        rows = self._accumulate_rows(x, x_zero_point, w) if small_bias else None
+        rows = self._accumulate_rows(x, x_zero_point, w, b if b is not None and bmax is not None else None) if small_bias else None
         if rows is not None:
             return (self._requantize_rows(rows, x, x_scale, w_scale, y_scale, y_zero_point, b),)
         acc = self._accumulate(x, x_zero_point, w, w_zero_point)
@@ -1266,19 +1306,14 @@ class QLinearConv(_IntConvBase):
         v *= mult
         return (_requantize_output(v, x, y_zero_point),)
 
-    def _bias_max(self, b) -> int:
-        """``max |b|`` (0 if empty), kept for the last bias array seen (a constant)."""
-        cached = self._bias_bound
-        if cached is None or cached[0] is not b:
-            cached = self._bias_bound = (b, int(np.abs(b.astype(np.int64)).max()) if b.size else 0)
-        return cached[1]
-
     @staticmethod
     def _requantize_rows(rows, x, x_scale, w_scale, y_scale, y_zero_point, b):
         """:meth:`run`'s requantization on channels-last rows, then back to NCHW."""
-        v, (n, oh, ow) = rows
+        v, (n, oh, ow), biased = rows
         m = v.shape[1]
-        if v.dtype == np.float64:
+        if biased:
+            pass  # the product carried the bias
+        elif v.dtype == np.float64:
             # rows summed from several exact chunks: the bias joins exactly, the sum
             # wraps to int32 as onnxruntime's accumulator does, then one rounding
             if b is not None:
