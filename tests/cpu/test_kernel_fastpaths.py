@@ -985,10 +985,11 @@ def test_batchnorm_with_overridable_parameters_folds_only_its_own_arrays():
 
 
 def test_large_gelu_split_over_threads_is_bitwise_the_serial_one():
-    """A Gelu of ``_GELU_SPLIT`` values or more is computed in one part per kernel thread."""
+    """A Gelu of ``_GELU_SPLIT`` values or more is computed in one part per kernel thread,
+    and on one thread in cache-sized chunks: both bitwise the whole array's passes."""
     import math
 
-    from onnxrt_cpu.kernels.activation import _GELU_SPLIT, gelu_erf
+    from onnxrt_cpu.kernels.activation import _GELU_SPLIT, _gelu_erf, gelu_erf
 
     x = (np.random.default_rng(0).standard_normal(_GELU_SPLIT + 1000) * 3).astype(np.float32).reshape(-1, 8)
     with ThreadSettings(1):
@@ -997,6 +998,7 @@ def test_large_gelu_split_over_threads_is_bitwise_the_serial_one():
         two = gelu_erf(x)
     assert two.shape == x.shape and two.dtype == np.float32
     np.testing.assert_array_equal(one, two)
+    np.testing.assert_array_equal(one, _gelu_erf(x))
     want = np.array([0.5 * v * (1 + math.erf(v / math.sqrt(2))) for v in x.ravel()[:2000].astype(np.float64)])
     np.testing.assert_allclose(two.ravel()[:2000], want, rtol=1e-5, atol=1e-6)
 

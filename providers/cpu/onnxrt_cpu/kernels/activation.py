@@ -262,7 +262,7 @@ _GELU_TANH_P = (1.7563152978619428e-09, -1.322680920256349e-07, 3.96479859207794
                 0.7978849415467002)
 
 
-def _gelu_erf(x: np.ndarray) -> np.ndarray:
+def _gelu_erf(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     f = x.dtype.type
     if x.dtype != np.float32:
         y = erf(x * f(1.0 / math.sqrt(2.0)))
@@ -278,21 +278,33 @@ def _gelu_erf(x: np.ndarray) -> np.ndarray:
     y += 1
     # halved before x multiplies it, so that x near float's maximum does not overflow
     y *= f(0.5)
-    y *= x
-    return y
+    return np.multiply(y, x, out=y if out is None else out)
+
+
+#: Values a Gelu computes at a time: its 19 passes then run over arrays that stay in
+#: the L2 cache, where passes over the whole of a large input reach memory each time.
+#: One thread, 262,144 values: 753 -> 682 us; 393,216: 1819 -> 1050 us (chunks of 2**12
+#: to 2**15 lost more to the calls than they saved).
+_GELU_CHUNK = 1 << 16
 
 
 def gelu_erf(x: np.ndarray) -> np.ndarray:
     """``0.5 * x * (1 + erf(x / sqrt(2)))`` in ``x``'s (float32 or float64) type."""
-    threads = min(thread_count(), 8)
-    if x.size < _GELU_SPLIT or threads < 2 or not x.flags.c_contiguous:
+    if x.size <= _GELU_CHUNK or not x.flags.c_contiguous:
         return _gelu_erf(x)
     flat = x.reshape(-1)
     out = np.empty_like(flat)
+    threads = min(thread_count(), 8)
+    if x.size < _GELU_SPLIT or threads < 2:
+        for i in range(0, flat.size, _GELU_CHUNK):
+            _gelu_erf(flat[i : i + _GELU_CHUNK], out=out[i : i + _GELU_CHUNK])
+        return out.reshape(x.shape)
     cuts = [flat.size * i // threads // 16 * 16 for i in range(threads)] + [flat.size]
 
+    # each thread's part whole: in chunks, two threads' 19 calls per chunk hand the
+    # GIL back and forth (BERT-base's 393,216 values: 1.03 of the time)
     def part(i):
-        out[cuts[i] : cuts[i + 1]] = _gelu_erf(flat[cuts[i] : cuts[i + 1]])
+        _gelu_erf(flat[cuts[i] : cuts[i + 1]], out=out[cuts[i] : cuts[i + 1]])
 
     parallel_for(threads, part, threads)
     return out.reshape(x.shape)
