@@ -450,8 +450,9 @@ def _conv_forward(x, wp: _ConvWeights, strides, dilations, pb, pe, out_sp, bias=
             kh_, kw_ = kernel
             start = (i * c + gi * cg) * per + strides[0] * r0 * wd
             if strides[0] == 1:
-                src = _strided(xq_flat, start, (cg, kh_, kw_, (r1 - r0) * wd), (per, dilations[0] * wd, dilations[1], 1))
-                np.copyto(cols.reshape(cg, kh_, kw_, (r1 - r0) * wd), src)
+                run = (r1 - r0) * wd
+                src = _strided(xq_flat, start, (cg, kh_, kw_, run), (per, dilations[0] * wd, dilations[1], 1))
+                np.copyto(cols.reshape(cg, kh_, kw_, run), src)
             else:
                 src = _strided(xq_flat, start, (cg, kh_, kw_, r1 - r0, wd),
                                (per, dilations[0] * wd, dilations[1], strides[0] * wd, 1))
@@ -757,7 +758,8 @@ def _depthwise(x, wp, strides, dilations, pb, pe, out_sp, y, pad_value, bias=Non
                 view = _strided(buf, ph * plane + off, (cb, *shape, span), (nph * plane, *steps, 1))
                 pairs.append((cols[:, t0 : t0 + count].reshape(cb, *shape, span), view))
                 t0 += count
-            crop = res.reshape(cb, out_sp[0], *q[1:])[(slice(None), slice(None)) + tuple(slice(0, o) for o in out_sp[1:])]
+            kept = (slice(None), slice(None)) + tuple(slice(0, o) for o in out_sp[1:])
+            crop = res.reshape(cb, out_sp[0], *q[1:])[kept]
             sp = spaces[me] = (qb, fills, pairs, cols, res, crop)
         return sp
 
@@ -881,7 +883,8 @@ def _depthwise_rows(x, wp, dilations, pb, pe, out_sp, y, pad_value, bias=None):
                 # both edge columns of every gathered row in one strided view
                 (t0, c0_), (t1, c1_) = edges
                 d = (t1 - t0) * length + (c1_ - c0_)
-                fix = [_strided(buf, cb * per + t0 * length + c0_, (cb, kh, 2, oh), (rows_k * length, kw * length, d, wd))]
+                fix = [_strided(buf, cb * per + t0 * length + c0_, (cb, kh, 2, oh),
+                                (rows_k * length, kw * length, d, wd))]
             else:
                 fix = [cols[:, :, tx, col::wd] for tx, col in edges]
             sp = spaces[me] = (xb[:, head : head + h * wd], cols, view, fix, gathered)
@@ -1280,7 +1283,9 @@ class QLinearConv(_IntConvBase):
         # it would joining the int32 one
         bmax = self._bias_max(b) if b is not None and b.shape == (m,) else None
         small_bias = b is None or (bmax is not None and bmax < 2**24)
-        rows = self._accumulate_rows(x, x_zero_point, w, b if b is not None and bmax is not None else None) if small_bias else None
+        rows = None
+        if small_bias:
+            rows = self._accumulate_rows(x, x_zero_point, w, None if bmax is None else b)
         if rows is not None:
             return (self._requantize_rows(rows, x, x_scale, w_scale, y_scale, y_zero_point, b),)
         acc = self._accumulate(x, x_zero_point, w, w_zero_point)
@@ -1311,15 +1316,13 @@ class QLinearConv(_IntConvBase):
         """:meth:`run`'s requantization on channels-last rows, then back to NCHW."""
         v, (n, oh, ow), biased = rows
         m = v.shape[1]
-        if biased:
-            pass  # the product carried the bias
-        elif v.dtype == np.float64:
+        if v.dtype == np.float64:
             # rows summed from several exact chunks: the bias joins exactly, the sum
             # wraps to int32 as onnxruntime's accumulator does, then one rounding
             if b is not None:
                 columns_op(np.add, v, b.astype(np.float64))
             v = _to_int32(v).astype(np.float32)
-        elif b is not None:
+        elif b is not None and not biased:  # else the product carried it
             columns_op(np.add, v, b.astype(np.float32))
         ws = np.asarray(w_scale, dtype=np.float32)
         if ws.size != 1 and ws.shape != (m,):
