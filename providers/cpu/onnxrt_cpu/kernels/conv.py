@@ -166,7 +166,7 @@ class _ConvWeights:
     ``[C, prod(k)]`` when the node is a depthwise convolution (else ``None``).
     """
 
-    __slots__ = ("shape", "group", "kernel", "gemm", "depthwise", "absmax", "_rows", "_biased", "_paired")
+    __slots__ = ("shape", "group", "kernel", "gemm", "depthwise", "absmax", "_rows", "_biased", "_paired", "_taps")
 
     def __init__(self, w: np.ndarray, group: int, dtype: np.dtype):
         if w.ndim < 3:
@@ -182,6 +182,7 @@ class _ConvWeights:
         self._rows = None
         self._biased = None
         self._paired = None
+        self._taps = None
         wc = np.asarray(w, dtype=dtype)
         if group > 1 and w.shape[1] == 1 and m == group:
             self.depthwise = np.ascontiguousarray(wc.reshape(m, math.prod(w.shape[1:])))
@@ -207,6 +208,24 @@ class _ConvWeights:
             m, c, kh, kw = self.shape
             cached = self._paired = ((sw, pairs), paired_rows(self.rows(), kh, kw, c, sw, pairs))
         return cached[1]
+
+    def depthwise_taps(self, order, bias):
+        """The depthwise weight as ``[C, 1, taps]`` with its taps in ``order`` (a tuple,
+        or None for kernel order), and the rows of gathered taps it multiplies: with a
+        ``bias`` ``[C, 1]``, the bias as one more tap, which reads a row of ones, so the
+        product carries it (one more row in a product that is in cache, where adding
+        it afterwards is a pass over the whole output: 144 x 56 x 56, 112 us). Kept
+        for the last order and bias array seen."""
+        cached = self._taps
+        if cached is None or cached[0] != order or cached[1] is not bias:
+            c, taps = self.depthwise.shape
+            w3 = self.depthwise.reshape(c, 1, taps)
+            if order is not None:
+                w3 = w3[:, :, list(order)]
+            if bias is not None:
+                w3 = np.concatenate([w3, bias.reshape(-1, 1, 1).astype(w3.dtype, copy=False)], axis=2)
+            cached = self._taps = (order, bias, (w3, w3.shape[2]))
+        return cached[2]
 
     def biased(self, bias: np.ndarray) -> np.ndarray:
         """The group-1 GEMM weight ``[M, K + 1]`` with ``bias`` (``[M]``) as its last
@@ -406,16 +425,11 @@ def _conv_forward(x, wp: _ConvWeights, strides, dilations, pb, pe, out_sp, bias=
     pitch = nd == 2 and strides[1] == 1 and out_sp[1] == x.shape[3] and min(pb) >= 0 and min(pe) >= 0
     if pitch:
         h, wd = x.shape[2:]
-        head, tail = pb[1] + pb[0] * wd, pe[0] * wd + pe[1]
-        per = head + h * wd + tail
+        head, per, edges = _row_pitch(h, wd, pb, pe, kernel[1], dilations[1])
         xq = np.empty((n, c, per), dtype=x.dtype)
-        if head:
-            xq[..., :head] = pad_value
-        if tail:
-            xq[..., per - tail :] = pad_value
+        _pad_margins(xq, head, head + h * wd, pad_value)
         xq[..., head : head + h * wd] = x.reshape(n, c, h * wd)
         xq_flat = xq.reshape(-1)
-        edges = _row_edges(kernel[1], dilations[1], pb[1], wd)
     else:
         xp = pad_spatial(x, pb, pe, pad_value)
     rows = out_sp[0]
@@ -704,9 +718,9 @@ def _depthwise(x, wp, strides, dilations, pb, pe, out_sp, y, pad_value, bias=Non
     never overwritten, is filled once a call), the taps' runs copied into a ``[c,
     taps, span]`` buffer, a strided view of a phase per group of taps
     (:func:`_tap_groups`), and multiplied by the ``[c, 1, taps]`` weights in one
-    batched matmul, a bias as one more tap reading ones (:func:`_with_bias`). Blocks
-    are shared by the kernel threads; each thread's buffers and views are made once
-    a call.
+    batched matmul, a bias as one more tap reading ones
+    (:meth:`_ConvWeights.depthwise_taps`). Blocks are shared by the kernel threads;
+    each thread's buffers and views are made once a call.
 
     The phases are written block by block rather than for the whole input first:
     with stride 2 each phase's strided copy touches every cache line of the input,
@@ -733,7 +747,7 @@ def _depthwise(x, wp, strides, dilations, pb, pe, out_sp, y, pad_value, bias=Non
     # axis), so a 3x3 stride-2 kernel is 4 copies, not 9. cols holds the taps in
     # group order, the weights are permuted to match
     groups, order = _tap_groups(wp.kernel, strides, dilations, pitch)
-    w3, rows_k = _with_bias(w.reshape(c, 1, taps)[:, :, order], bias)
+    w3, rows_k = wp.depthwise_taps(order, bias)
     spaces = {}
 
     def space():
@@ -786,16 +800,6 @@ def _depthwise(x, wp, strides, dilations, pb, pe, out_sp, y, pad_value, bias=Non
     parallel.parallel_for(len(jobs), block, 1 if work < parallel.PARALLEL_MIN_FLOPS else None)
 
 
-def _with_bias(w3: np.ndarray, bias) -> tuple[np.ndarray, int]:
-    """A depthwise weight ``[C, 1, taps]`` and the rows of gathered taps it multiplies:
-    with a bias ``[C, 1]``, the bias as one more tap, which reads a row of ones. The
-    product then carries the bias: one more row in a product that is in cache, where
-    adding it afterwards is a pass over the whole output (144 x 56 x 56: 112 us)."""
-    if bias is None:
-        return w3, w3.shape[2]
-    return np.concatenate([w3, bias.reshape(-1, 1, 1).astype(w3.dtype, copy=False)], axis=2), w3.shape[2] + 1
-
-
 @functools.lru_cache(maxsize=256)
 def _tap_groups(kernel, strides, dilations, pitch):
     """The taps of :func:`_phase_geometry`'s phase layout as groups that each read one
@@ -832,7 +836,7 @@ def _tap_groups(kernel, strides, dilations, pitch):
             for a in range(nd):
                 flat = flat * kernel[a] + t[a]
             order.append(flat)
-    return tuple(groups), order
+    return tuple(groups), tuple(order)
 
 
 def _depthwise_rows(x, wp, dilations, pb, pe, out_sp, y, pad_value, bias=None):
@@ -853,13 +857,10 @@ def _depthwise_rows(x, wp, dilations, pb, pe, out_sp, y, pad_value, bias=None):
     oh = out_sp[0]
     length = oh * wd
     taps = kh * kw
-    rows = h + pb[0] + pe[0]
-    per = pb[1] + rows * wd + pe[1]
-    head, tail = pb[1] + pb[0] * wd, pe[0] * wd + pe[1]
+    head, per, edges = _row_pitch(h, wd, pb, pe, kw, dw)
     cb = max(1, min(c, _DEPTHWISE_BLOCK_ELEMS // max(1, taps * length)))
     jobs = [(i, c0) for i in range(n) for c0 in range(0, c, cb)]
-    w3, rows_k = _with_bias(wp.depthwise.reshape(c, 1, taps), bias)
-    edges = _row_edges(kw, dw, pb[1], wd)
+    w3, rows_k = wp.depthwise_taps(None, bias)
     spaces = {}
 
     def space():
@@ -874,10 +875,7 @@ def _depthwise_rows(x, wp, dilations, pb, pe, out_sp, y, pad_value, bias=None):
             gathered = buf[cb * per :].reshape(cb, rows_k, length)
             gathered[:, taps:] = 1  # the bias's row: never overwritten by the blocks
             cols = gathered[:, :taps].reshape(cb, kh, kw, length)
-            if head:
-                xb[:, :head] = pad_value
-            if tail:
-                xb[:, per - tail :] = pad_value
+            _pad_margins(xb, head, head + h * wd, pad_value)
             view = _strided(buf, 0, (cb, kh, kw, length), (per, dh * wd, dw, 1))
             if len(edges) == 2:
                 # both edge columns of every gathered row in one strided view
@@ -911,16 +909,29 @@ def _depthwise_rows(x, wp, dilations, pb, pe, out_sp, y, pad_value, bias=None):
     parallel.parallel_for(len(jobs), block, 1 if work < parallel.PARALLEL_MIN_FLOPS else None)
 
 
-def _row_edges(kw: int, dw: int, pad: int, wd: int) -> list[tuple[int, int]]:
-    """On the input's own row pitch (rows of ``wd`` values, ``pad`` before each), the
-    ``(tap column, output column)`` pairs whose tap falls left or right of the row and
-    reads the neighbouring row instead of the padding."""
+def _row_pitch(h: int, wd: int, pb, pe, kw: int, dw: int) -> tuple[int, int, list[tuple[int, int]]]:
+    """A 2-D map of ``h`` rows of ``wd`` values laid out on its own row pitch, padded
+    above and below only (``pb[0]`` and ``pe[0]`` rows, plus ``pb[1]`` and ``pe[1]``
+    values at the two ends): ``(head, per, edges)``, the values before the first input
+    value, the values per channel, and the ``(tap column, output column)`` pairs whose
+    tap (of ``kw`` columns dilated by ``dw``) falls left or right of the row and reads
+    the neighbouring row instead of the padding."""
+    head = pb[1] + pb[0] * wd
+    per = head + h * wd + pe[0] * wd + pe[1]
     edges = []
     for tx in range(kw):
-        off = tx * dw - pad
+        off = tx * dw - pb[1]
         cols_out = range(min(wd, -off)) if off < 0 else range(max(0, wd - off), wd)
         edges.extend((tx, col) for col in cols_out)
-    return edges
+    return head, per, edges
+
+
+def _pad_margins(a: np.ndarray, start: int, stop: int, value) -> None:
+    """Fill the last axis of ``a`` with ``value`` outside ``start:stop``."""
+    if start:
+        a[..., :start] = value
+    if stop < a.shape[-1]:
+        a[..., stop:] = value
 
 
 def _weight_for(k, w, group, dtype):
