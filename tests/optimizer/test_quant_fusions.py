@@ -219,7 +219,7 @@ def test_qdq_elementwise_chain_becomes_a_table_lookup(dt):
     m = _lookup_model(dt)
     fused = session(m, ALL)
     counts = ops(fused)
-    assert "Erf" not in counts and "Div" not in counts and counts["Gather"] == 1, counts
+    assert "Erf" not in counts and "Div" not in counts and counts["ai.onnxrt:LookupTable"] == 1, counts
     feeds = {"x": np.linspace(-6, 6, 132, dtype=np.float32).reshape(4, 33)}
     got = fused.run(None, feeds)[0]
     # the table holds what the float ops compute for each of the 256 inputs: equal
@@ -231,6 +231,83 @@ def test_qdq_elementwise_chain_becomes_a_table_lookup(dt):
 def test_qdq_elementwise_chain_kept_when_not_a_function_of_x_alone(kw):
     m = _lookup_model(I8, **kw)
     assert ops(session(m, ALL))["Erf"] == 1
+
+
+def _gelu_model(dt, *, read_inside=False, const_shape=()):
+    """x -Q-DQ-> Gelu as onnxruntime's static quantizer leaves it: each op's output
+    quantized, and the last-but-one Mul reading DQ(x) again. ``read_inside`` makes the
+    Erf's quantized output a graph output too; ``const_shape`` shapes the constant 1."""
+    zp = np.int8(4) if dt == I8 else np.uint8(120)
+    z = lambda: np.zeros((), zp.dtype)  # noqa: E731
+    inits = {"s": np.float32(0.04), "z": zp, "k": np.float32(1.4142135),
+             "one": np.ones(const_shape, np.float32), "half": np.float32(0.5),
+             "es": np.float32(1 / 127), "ez": z(), "as": np.float32(2 / 255), "az": z(),
+             "ms": np.float32(0.05), "mz": z(), "ys": np.float32(0.03), "yz": zp}
+    nodes = [
+        _q("x", "xq", "s", "z"), _dq("xq", "xd", "s", "z"),
+        helper.make_node("Div", ["xd", "k"], ["t"]),
+        helper.make_node("Erf", ["t"], ["e"]),
+        _q("e", "eq", "es", "ez"), _dq("eq", "ed", "es", "ez"),
+        helper.make_node("Add", ["ed", "one"], ["a"]),
+        _q("a", "aq", "as", "az"), _dq("aq", "ad", "as", "az"),
+        helper.make_node("Mul", ["xd", "ad"], ["m"]),
+        _q("m", "mq", "ms", "mz"), _dq("mq", "md", "ms", "mz"),
+        helper.make_node("Mul", ["md", "half"], ["h"]),
+        _q("h", "hq", "ys", "yz"), _dq("hq", "y", "ys", "yz"),
+    ]
+    outs = [vi("y", None)] + ([vi("eq", None, dt)] if read_inside else [])
+    return model(nodes, [vi("x", [3, 40])], outs, inits.items(), opset=13)
+
+
+@pytest.mark.parametrize("dt", [I8, U8])
+def test_qdq_gelu_becomes_one_table_lookup(dt):
+    m = _gelu_model(dt)
+    counts = ops(session(m, ALL))
+    # the two Muls, the Add and the Div -> Erf: one table, nothing else left of them
+    assert counts["ai.onnxrt:LookupTable"] == 1, counts
+    assert not {"Erf", "Mul", "Add", "com.microsoft:QLinearMul", "com.microsoft:QLinearAdd"} & set(counts), counts
+    feeds = {"x": np.linspace(-5, 5, 120, dtype=np.float32).reshape(3, 40)}
+    got = session(m, ALL).run(None, feeds)[0]
+    np.testing.assert_array_equal(got, session(m, OFF).run(None, feeds)[0])
+    assert len(np.unique(got)) > 40
+    # onnxruntime runs the node units one by one: the same codes
+    np.testing.assert_array_equal(got, ort.InferenceSession(m.SerializeToString()).run(None, feeds)[0])
+
+
+def test_qdq_gelu_table_stops_where_a_value_is_read_outside():
+    m = _gelu_model(U8, read_inside=True)
+    sess = session(m, ALL)
+    counts = ops(sess)
+    # the Erf's codes are a graph output: Div -> Erf is a table of x, which ends there
+    # (the rest reads x and the Erf's codes, two tensors)
+    assert counts["ai.onnxrt:LookupTable"] == 1 and "Erf" not in counts and counts["Mul"] == 1, counts
+    feeds = {"x": np.linspace(-5, 5, 120, dtype=np.float32).reshape(3, 40)}
+    for g, w in zip(sess.run(None, feeds), session(m, OFF).run(None, feeds)):
+        np.testing.assert_array_equal(g, w)
+
+
+def test_qdq_table_not_made_when_a_constant_adds_dimensions():
+    # Add of a [1, 1, 1] one makes the [3, 40] result [1, 3, 40]: no table of x's shape
+    m = _gelu_model(U8, const_shape=(1, 1, 1))
+    sess = session(m, ALL)
+    feeds = {"x": np.linspace(-5, 5, 120, dtype=np.float32).reshape(3, 40)}
+    got, want = sess.run(None, feeds)[0], session(m, OFF).run(None, feeds)[0]
+    assert got.shape == want.shape == (1, 3, 40)
+    np.testing.assert_array_equal(got, want)
+
+
+def test_lookup_table_op_checks_its_operands():
+    nodes = [helper.make_node("LookupTable", ["x", "t"], ["y"], domain="ai.onnxrt")]
+    m = helper.make_model(
+        helper.make_graph(nodes, "g", [vi("x", [5], I8), vi("t", [None], U8)], [vi("y", None, U8)]),
+        opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("ai.onnxrt", 1)], ir_version=10)
+    sess = session(m, OFF)
+    table = np.arange(256, dtype=np.uint8)[::-1].copy()
+    x = np.array([-128, -1, 0, 1, 127], np.int8)
+    # indexed by bit pattern: -128 is entry 128, -1 entry 255
+    assert sess.run(None, {"x": x, "t": table})[0].tolist() == [127, 0, 255, 254, 128]
+    with pytest.raises(Exception, match="256 one-byte values"):
+        sess.run(None, {"x": x, "t": table[:10]})
 
 
 def _dynamic_model(shared=False):
@@ -316,8 +393,10 @@ def quantized(tmp_path_factory):
 REAL = [
     ("resnet_small", "qdq", {"QLinearConv": 9, "com.microsoft:QLinearAdd": 3, "com.microsoft:QGemm": 1,
                              "com.microsoft:QLinearGlobalAveragePool": 1}, {"Conv", "Gemm", "Add"}),
-    ("transformer_encoder", "qdq", {"QLinearMatMul": 12, "com.microsoft:QLinearAdd": 17,
-                                    "com.microsoft:QLinearMul": 5, "com.microsoft:QGemm": 1},
+    # each layer's Gelu (Div, Erf, Add, Mul, Mul and their Q/DQ) is one table
+    ("transformer_encoder", "qdq", {"QLinearMatMul": 12, "com.microsoft:QLinearAdd": 15,
+                                    "com.microsoft:QLinearMul": 1, "com.microsoft:QGemm": 1,
+                                    "ai.onnxrt:LookupTable": 2},
      {"MatMul", "Gemm", "Erf"}),
     ("transformer_encoder", "dynamic", {"com.microsoft:DynamicQuantizeMatMul": 9},
      {"MatMulInteger", "DynamicQuantizeLinear"}),

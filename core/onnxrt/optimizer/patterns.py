@@ -19,9 +19,11 @@ from onnx import helper
 
 from ..types import shape_of
 
-__all__ = ["MS_DOMAIN", "GraphView"]
+__all__ = ["MS_DOMAIN", "ONNXRT_DOMAIN", "GraphView"]
 
 MS_DOMAIN = "com.microsoft"
+#: onnxrt's own ops, which only its fusions make (``LookupTable``)
+ONNXRT_DOMAIN = "ai.onnxrt"
 
 
 class GraphView:

@@ -21,9 +21,10 @@ what the graph did:
 - ``qdq_drop_fusion``: ``Q(op(DQ(x)))`` where ``Q`` has ``DQ``'s scale and zero point
   and ``op`` only moves or selects values (MaxPool, Reshape, Transpose, Flatten,
   Squeeze, Unsqueeze, Slice, Split, Gather): the op runs on the integers.
-- ``qdq_lookup_fusion``: ``Q(f(DQ(x)))`` for a chain ``f`` of elementwise float ops
-  (constants one-element) -> ``Gather`` from a 256-entry table of what the chain
-  computes for each 8-bit input (built with the chain's own kernels, so exact).
+- ``qdq_lookup_fusion``: ``Q(f(DQ(x)))`` for elementwise float work ``f`` on ``x``
+  alone (constants one-element; Q/DQ pairs and several reads of ``DQ(x)`` inside, as
+  in a QDQ Gelu) -> onnxrt's ``LookupTable`` of what ``f`` computes for each 8-bit
+  input (built with the nodes' own kernels, so exact).
 - ``dynamic_quant_matmul_fusion``: ``Mul(Cast(MatMulInteger(DynamicQuantizeLinear(x),
   W)), x_scale * w_scale) [+ bias]`` -> com.microsoft ``DynamicQuantizeMatMul`` (or
   ``MatMulIntegerToFloat`` when the quantized ``x`` has other readers).
@@ -42,7 +43,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .patterns import MS_DOMAIN, GraphView
+from .patterns import MS_DOMAIN, ONNXRT_DOMAIN, GraphView
 
 __all__ = [
     "dynamic_quant_matmul_fusion",
@@ -377,73 +378,129 @@ _UNARY = {"Erf", "Tanh", "Sigmoid", "Relu", "Exp", "Log", "Abs", "Neg", "Sqrt", 
           "Softsign", "LeakyRelu", "HardSigmoid", "Elu", "Selu", "Celu", "HardSwish", "Mish", "ThresholdedRelu",
           "Floor", "Ceil", "Round", "Sign", "Sin", "Cos"}
 _BINARY = {"Add", "Sub", "Mul", "Div", "Pow", "Max", "Min"}
-_LOOKUP_MAX_CHAIN = 8
+#: most nodes one lookup replaces (a QDQ Gelu is eleven)
+_LOOKUP_MAX_NODES = 32
 
 
-def _lookup_chain(view: GraphView, first, value: str, provider):
-    """Elementwise float nodes from ``first`` (which reads ``value``) to a
-    QuantizeLinear, each reading the previous result and at most a one-element float
-    constant; returns (chain, Q params) or (None, None)."""
-    chain, node = [], first
-    while node is not None and len(chain) < _LOOKUP_MAX_CHAIN:
-        if node.provider != provider or node.domain != "" or len(node.outputs) != 1 or node.subgraphs:
-            return None, None
-        if node.op_type == "QuantizeLinear":
-            q = _params(view, node) if node.inputs[0] == value else None
-            if q is None or not q.per_tensor or _int_type(view, q) is None or not chain:
-                return None, None
-            return chain, q
+class _Region:
+    """The nodes computing elementwise functions of one 8-bit tensor ``x`` alone.
+
+    From ``DQ(x)`` it takes every node whose inputs are values it already computes or
+    one-element constants: elementwise float ops (:data:`_UNARY`, :data:`_BINARY`) and
+    per-tensor QuantizeLinear and DequantizeLinear. Each of its values is then one of
+    256 values, as ``x`` is, so any QuantizeLinear in it is a 256-entry table of ``x``.
+    """
+
+    def __init__(self, view: GraphView, dq: _Quant, rank: int | None):
+        self.view, self.dq, self.rank = view, dq, rank
+        self.fixed: dict[str, np.ndarray | None] = {}
+        self.values = {dq.node.outputs[0]}
+        self.nodes: list = []
+        todo = [dq.node.outputs[0]]
+        added: set[int] = set()
+        while todo and len(self.nodes) < _LOOKUP_MAX_NODES:
+            for r in view.readers(todo.pop()):
+                if id(r) not in added and self._joins(r):
+                    added.add(id(r))
+                    self.nodes.append(r)
+                    self.values.add(r.outputs[0])
+                    todo.append(r.outputs[0])
+        order = view._order
+        self.nodes.sort(key=lambda n: order[id(n)])
+
+    def _constant(self, name: str) -> np.ndarray | None:
+        """A one-element float32 constant, or DQ of constants, that broadcasting with
+        ``x`` leaves ``x``'s shape (no more dimensions than ``x`` has)."""
+        if name in self.fixed:
+            return self.fixed[name]
+        view = self.view
+        c = view.const(name)
+        n = view.producers.get(name)
+        if c is None and n is not None and n.op_type == "DequantizeLinear" and not n.domain:
+            args = [view.const(i) if i else None for i in n.inputs]
+            if all(a is not None for a, i in zip(args, n.inputs) if i):
+                c = _run_kernel(view.ctx, n, args)
+        if c is not None and (c.size != 1 or c.dtype != _F32 or (c.ndim and (self.rank or 0) < c.ndim)):
+            c = None
+        self.fixed[name] = c
+        return c
+
+    def _joins(self, node) -> bool:
+        view = self.view
+        if (not view.free(node) or node.provider != self.dq.node.provider or node.domain != ""
+                or len(node.outputs) != 1 or node.subgraphs):
+            return False
+        ins = node.inputs
+        if node.op_type in ("QuantizeLinear", "DequantizeLinear"):
+            q = _params(view, node)
+            return (q is not None and q.per_tensor and ins[0] in self.values and _int_type(view, q) is not None
+                    and all(i not in self.values for i in ins[1:]))
         if node.op_type in _UNARY:
-            if node.inputs != [value]:
-                return None, None
-        elif node.op_type in _BINARY and len(node.inputs) == 2:
-            other = node.inputs[1] if node.inputs[0] == value else node.inputs[0]
-            c = view.const(other)
-            if other == value or c is None or c.size != 1 or c.dtype != _F32:
-                return None, None
-        else:
-            return None, None
-        chain.append(node)
-        value = node.outputs[0]
-        node = view.only_reader(value)
-    return None, None
+            return len(ins) == 1 and ins[0] in self.values
+        if node.op_type in _BINARY and len(ins) == 2:
+            mine = [i in self.values for i in ins]
+            return any(mine) and all(m or self._constant(i) is not None for m, i in zip(mine, ins))
+        return False
+
+    def upstream(self, sink) -> list:
+        """The region's nodes ``sink`` depends on, ``sink`` included, in graph order."""
+        inside = {n.outputs[0]: n for n in self.nodes}
+        keep, todo = {id(sink)}, [sink]
+        while todo:
+            for i in todo.pop().inputs:
+                n = inside.get(i)
+                if n is not None and id(n) not in keep:
+                    keep.add(id(n))
+                    todo.append(n)
+        return [n for n in self.nodes if id(n) in keep]
+
+    def table(self, nodes, codes: np.ndarray) -> np.ndarray | None:
+        """What ``nodes`` (ending in a QuantizeLinear) compute for each of ``codes``,
+        by the nodes' own kernels: exactly what the graph computes."""
+        view = self.view
+        vals = {self.dq.value: codes}
+        try:
+            for node in [self.dq.node, *nodes]:
+                args = []
+                for name in node.inputs:
+                    if not name:
+                        args.append(None)
+                    elif name in vals:
+                        args.append(vals[name])
+                    else:
+                        c = view.const(name)
+                        args.append(c if c is not None else self._constant(name))
+                vals[node.outputs[0]] = _run_kernel(view.ctx, node, args)
+        except Exception:  # noqa: BLE001 - no table, no fusion: the graph runs as written
+            return None
+        v = vals[nodes[-1].outputs[0]]
+        if v.shape != codes.shape or v.dtype not in _BYTE_TYPES:
+            return None
+        return v
 
 
-def _lookup_table(view: GraphView, dq: _Quant, chain, q: _Quant, in_dt: np.dtype) -> np.ndarray | None:
-    """The Q output for each of the 256 inputs, lowest first, computed by the nodes' own
-    kernels: exactly what the graph computes."""
-    ctx = view.ctx
-    lo, hi = (-128, 127) if in_dt == np.dtype(np.int8) else (0, 255)
-    v = np.arange(lo, hi + 1).astype(in_dt)
-    flowing = dq.node.inputs[0]
-    try:
-        for node in [dq.node, *chain, q.node]:
-            args = []
-            for name in node.inputs:
-                if name == flowing:
-                    args.append(v)
-                elif not name:
-                    args.append(None)
-                else:
-                    c = view.const(name)
-                    if c is None:
-                        return None
-                    args.append(c)
-            out = ctx.cpu_registry.create(ctx.node_info(node)).run(*args)
-            v = np.asarray(out[0] if isinstance(out, (tuple, list)) else out)
-            flowing = node.outputs[0]
-    except Exception:  # noqa: BLE001 - no table, no fusion: the graph runs as written
-        return None
-    if v.shape != (hi - lo + 1,) or v.dtype not in _BYTE_TYPES:
-        return None
-    return v
+def _run_kernel(ctx, node, args) -> np.ndarray:
+    """``node``'s first output for ``args``, computed by the CPU provider's kernel."""
+    out = ctx.cpu_registry.create(ctx.node_info(node)).run(*args)
+    return np.asarray(out[0] if isinstance(out, (tuple, list)) else out)
+
+
+def _worth_a_table(nodes) -> bool:
+    """Whether ``nodes`` hold float work beyond one binary op with a constant (that
+    one ``qdq_binary_fusion`` makes a QLinearAdd/QLinearMul, itself a lookup)."""
+    ops = [n for n in nodes if n.op_type not in ("QuantizeLinear", "DequantizeLinear")]
+    if not ops:
+        return False
+    return len(ops) > 1 or ops[0].op_type in _UNARY
 
 
 def qdq_lookup_fusion(graph, ctx) -> bool:
-    """``Q(f(DQ(x)))`` for elementwise float ``f`` (one or more ops, constants
-    one-element) -> ``Gather(table, Cast(x) [+ 128])``: an 8-bit input has 256 values,
-    and the table holds what the graph computes for each (int8 inputs are offset to
-    non-negative indices, which numpy's take gathers several times faster)."""
+    """Elementwise float work on one 8-bit tensor ``x``, from ``DQ(x)`` to a
+    QuantizeLinear (a chain such as ``Q(Erf(Div(DQ(x))))``, or a whole QDQ Gelu whose
+    ops are each quantized and which reads ``DQ(x)`` twice) -> one 256-entry table
+    lookup of ``x`` (onnxrt's ``LookupTable``, which a provider must have for the
+    fusion to apply): an 8-bit input has 256 values, and the table holds what the
+    graph computes for each."""
     view = GraphView(graph, ctx)
     for dqn in view.candidates("DequantizeLinear"):
         dq = _params(view, dqn)
@@ -452,26 +509,23 @@ def qdq_lookup_fusion(graph, ctx) -> bool:
         in_dt = _int_type(view, dq)
         if in_dt is None:
             continue
-        for first in list(view.readers(dqn.outputs[0])):
-            if not view.free(first):
+        region = _Region(view, dq, view.rank(dq.value))
+        # the latest QuantizeLinear first: the largest table that is x's alone
+        for sink in reversed([n for n in region.nodes if n.op_type == "QuantizeLinear"]):
+            if not view.free(sink):
                 continue
-            chain, q = _lookup_chain(view, first, dqn.outputs[0], dqn.provider)
-            if chain is None:
+            nodes = region.upstream(sink)
+            if not _worth_a_table(nodes) or any(not view.internal(o, nodes) for n in nodes[:-1] for o in n.outputs):
                 continue
-            table = _lookup_table(view, dq, chain, q, in_dt)
+            # entry i for the code whose bit pattern is i
+            table = region.table(nodes, np.arange(256, dtype=np.uint8).view(in_dt))
             if table is None:
                 continue
-            name = chain[0].name
-            idx = view.graph.unique_name(name + "_index")
-            new = [view.make_node("Cast", [dq.value], [idx], name + "_index", to=6)]  # int32
-            if in_dt == np.dtype(np.int8):
-                offset = view.add_constant(name + "_offset", np.array(128, np.int32))
-                shifted = view.graph.unique_name(name + "_index")
-                new.append(view.make_node("Add", [idx, offset], [shifted], name + "_offset"))
-                idx = shifted
-            new.append(view.make_node("Gather", [view.add_constant(name + "_table", table), idx], [q.value],
-                                      name + "_lookup", axis=0))
-            view.replace([*chain, q.node], new)
+            first = nodes[0].name
+            lookup = view.make_node("LookupTable", [dq.value, view.add_constant(first + "_table", table)],
+                                    [sink.outputs[0]], first + "_lookup", domain=ONNXRT_DOMAIN)
+            if view.replace(nodes, [lookup]):
+                break
     return view.finish()
 
 
@@ -580,9 +634,11 @@ def register(reg) -> None:
     reg.add("qdq_conv_fusion", qdq_conv_fusion, extended)
     reg.add("qdq_matmul_fusion", qdq_matmul_fusion, extended)
     reg.add("qdq_gemm_fusion", qdq_gemm_fusion, extended)
+    # before the binary fusion, which would make the float Add and Mul of a QDQ Gelu
+    # separate 8-bit ops
+    reg.add("qdq_lookup_fusion", qdq_lookup_fusion, extended)
     reg.add("qdq_binary_fusion", qdq_binary_fusion, extended)
     reg.add("qdq_pool_fusion", qdq_pool_fusion, extended)
     reg.add("qdq_drop_fusion", qdq_drop_fusion, extended)
-    reg.add("qdq_lookup_fusion", qdq_lookup_fusion, extended)
     reg.add("dynamic_quant_matmul_fusion", dynamic_quant_matmul_fusion, extended)
     reg.add("qdq_constant_folding", qdq_constant_folding, extended)

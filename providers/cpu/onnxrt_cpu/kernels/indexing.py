@@ -83,6 +83,21 @@ class Gather(Kernel):
             raise TypeError(f"Gather: indices must be integers, got {np.asarray(indices).dtype}") from None
 
 
+@op("LookupTable", since=1, domain="ai.onnxrt")
+class LookupTable(Kernel):
+    """onnxrt's own op, made by ``qdq_lookup_fusion``: ``Y = table[X]`` for a one-byte
+    integer ``X``, indexed by its bit pattern (an int8 -1 reads entry 255), from a
+    256-entry one-byte ``table``."""
+
+    def run(self, x, table):
+        if not isinstance(x, np.ndarray) or x.itemsize != 1 or x.dtype.kind not in "iu":
+            raise TypeError(f"LookupTable: X must be int8 or uint8, got {np.asarray(x).dtype}")
+        if table.shape != (256,) or table.itemsize != 1:
+            raise ValueError(f"LookupTable: the table must hold 256 one-byte values, got {table.dtype} "
+                             f"of shape {table.shape}")
+        return (byte_lookup(table.tobytes(), x, table.dtype),)
+
+
 @op("GatherElements", since=11)
 class GatherElements(Kernel):
     """``out[i][j][k] = data[index[i][j][k]][j][k]`` (for axis 0)."""
