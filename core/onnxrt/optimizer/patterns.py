@@ -130,6 +130,10 @@ class GraphView:
             return None
         return tp.tensor_type.elem_type or None
 
+    def in_order(self, nodes) -> list:
+        """``nodes`` (of the graph as the scan began) in graph order."""
+        return sorted(nodes, key=lambda n: self._order[id(n)])
+
     # -- building -------------------------------------------------------------------
     def add_constant(self, base: str, value: np.ndarray) -> str:
         """A new constant initializer; returns its name."""

@@ -405,8 +405,7 @@ class _Region:
                     self.nodes.append(r)
                     self.values.add(r.outputs[0])
                     todo.append(r.outputs[0])
-        order = view._order
-        self.nodes.sort(key=lambda n: order[id(n)])
+        self.nodes = view.in_order(self.nodes)
 
     def _constant(self, name: str) -> np.ndarray | None:
         """A one-element float32 constant, or DQ of constants, that broadcasting with
@@ -433,8 +432,8 @@ class _Region:
         ins = node.inputs
         if node.op_type in ("QuantizeLinear", "DequantizeLinear"):
             q = _params(view, node)
-            return (q is not None and q.per_tensor and ins[0] in self.values and _int_type(view, q) is not None
-                    and all(i not in self.values for i in ins[1:]))
+            # (its scale and zero point are constants, never values of the region)
+            return q is not None and q.per_tensor and ins[0] in self.values and _int_type(view, q) is not None
         if node.op_type in _UNARY:
             return len(ins) == 1 and ins[0] in self.values
         if node.op_type in _BINARY and len(ins) == 2:
