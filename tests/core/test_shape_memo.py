@@ -76,8 +76,11 @@ def test_shapes_alternating_match_onnxruntime_and_every_node_run(level):
     memo, plain = _session(model, level=level), _session(model, memo=False, level=level)
     ref = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     segs = _segments(memo)
-    # the first leaf with its ten pure followers, and the second leaf with its two
-    assert [len(s.steps) for s in segs] == [10, 3]
+    # the first leaf with its ten pure followers, and the second leaf with its two;
+    # optimized, the head size (Gather of the static dimension, Div, Cast, Sqrt) is
+    # folded to a constant before the plan is made
+    optimized = level != onnxrt.GraphOptimizationLevel.ORT_DISABLE_ALL
+    assert [len(s.steps) for s in segs] == ([6, 3] if optimized else [10, 3])
     assert not _segments(plain)
     rng = np.random.default_rng(0)
     shapes = [(2, 5), (3, 7), (2, 5), (1, 1), (3, 7), (2, 5)]
@@ -104,7 +107,7 @@ def test_a_cache_hit_runs_none_of_the_segments_kernels():
     assert calls == []
     np.testing.assert_array_equal(again[1], first[1])
     memo.run(None, {"x": np.ones((4, 3, 64), np.float32)})  # a new shape: computed
-    assert len(calls) == 13
+    assert len(calls) == sum(len(seg.steps) for seg in _segments(memo)) == 9
 
 
 def test_a_memoized_output_handed_to_the_caller_is_its_own():
@@ -129,7 +132,8 @@ def test_profiled_runs_run_every_node():
 
     events = json.loads(Path(memo.end_profiling()).read_text())
     gathers = [e for e in events if e.get("cat") == "Node" and e["args"]["op_name"] == "Gather"]
-    assert len(gathers) == 3 * 3
+    # two Gathers a run (of the batch and sequence sizes; the head size's is folded)
+    assert len(gathers) == 3 * 2
 
 
 def test_large_outputs_are_not_kept():

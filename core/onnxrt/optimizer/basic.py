@@ -3,9 +3,11 @@
 - ``constant_folding``: nodes whose inputs are all constants run once, with the
   CPU provider's kernels, and become initializers (random ops excepted, and no
   result larger than the session's allocation cap).
-- ``shape_folding``: ``Shape``/``Size`` of a value whose shape is static become constants;
-  shapes are inferred again first where free-dimension overrides or folded constants
-  may have made more of them static.
+- ``shape_folding``: ``Shape``/``Size`` of a value whose shape is static become constants,
+  and so does a ``Gather`` or ``Slice`` with constant indices of a ``Shape`` where the
+  dimensions it picks are static (the head size of an attention whose batch is
+  dynamic); shapes are inferred again first where free-dimension overrides or folded
+  constants may have made more of them static.
 - ``eliminate_identity``, ``eliminate_dropout``: these do nothing at inference.
 - ``eliminate_noop``: Cast to the same type, Reshape/Expand to the same static shape.
 - ``dead_node_elimination``: nodes whose outputs nobody reads, and unused initializers.
@@ -204,6 +206,8 @@ def shape_folding(graph, ctx) -> bool:
             refresh_shapes(graph)
     changed = False
     keep = []
+    # Shape nodes kept (some dimension not static): name of the output -> its dims
+    partial: dict[str, list] = {}
     for n in graph.nodes:
         if n.domain == "" and n.op_type in ("Shape", "Size") and n.inputs and n.outputs[0]:
             tp = graph.value_types.get(n.inputs[0])
@@ -218,9 +222,58 @@ def shape_folding(graph, ctx) -> bool:
                 graph.initializers[n.outputs[0]] = val
                 changed = True
                 continue
+            if shape is not None and n.op_type == "Shape":
+                partial[n.outputs[0]] = shape[slice(n.attr("start", 0), n.attr("end", None))]
+        elif partial and n.domain == "" and n.op_type in ("Gather", "Slice") and n.inputs[0] in partial:
+            val = _picked_dims(graph, n, partial[n.inputs[0]])
+            if val is not None:
+                graph.initializers[n.outputs[0]] = val
+                changed = True
+                continue
         keep.append(n)
     graph.nodes = keep
     return changed
+
+
+def _picked_dims(graph, node, dims: list) -> np.ndarray | None:
+    """What a Gather or Slice with constant indices computes from a ``Shape`` output
+    whose dimensions are ``dims`` (ints where static), when every dimension it picks is
+    static (a model's head size from ``Shape(x)[2]`` while the batch is dynamic), or
+    None. The Shape node stays for its other readers."""
+    consts = graph.initializers
+    outer = set(graph.input_names())
+    args = [consts.get(i) if i and i not in outer else None for i in node.inputs[1:]]
+    if any(a is None for i, a in zip(node.inputs[1:], args) if i) or len(node.outputs) != 1:
+        return None
+    if any(a.dtype.kind not in "iu" for a in args if a is not None):
+        return None
+    idx = np.arange(len(dims))
+    try:
+        if node.op_type == "Gather":
+            if int(node.attr("axis", 0)) not in (0, -1):
+                return None
+            picked = idx[args[0]]  # negative indices wrap, as Gather's do; out of range raises
+        else:
+            starts, ends = args[0], args[1]
+            axes = args[2] if len(args) > 2 and args[2] is not None else None
+            steps = args[3] if len(args) > 3 and args[3] is not None else None
+            if starts.ndim != 1 or starts.shape != ends.shape or (axes is not None and np.any((axes != 0) & (axes != -1))):
+                return None
+            if steps is not None and (steps.shape != starts.shape or np.any(steps == 0)):
+                return None
+            if starts.size != 1:
+                return None
+            step = int(steps[0]) if steps is not None else 1
+            # Slice clamps its bounds, as a Python slice does (INT64_MAX ends included)
+            picked = idx[int(starts[0]) : int(ends[0]) : step]
+    except IndexError:
+        return None  # the run reports it
+    static = np.array([isinstance(d, int) for d in dims], dtype=bool)
+    if not static[picked].all():
+        return None
+    values = np.array([d if isinstance(d, int) else 0 for d in dims], dtype=np.int64)
+    # a scalar index gives a scalar, as Gather does
+    return np.array(values[picked], dtype=np.int64)
 
 
 def _qdq_fusions_follow(ctx) -> bool:
