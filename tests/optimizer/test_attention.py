@@ -87,14 +87,53 @@ def test_attention_with_a_run_time_scale_is_not_fused():
     assert ops(assert_same_outputs(m, f, atol=1e-5))["Softmax"] == 1
 
 
-def test_attention_on_a_symbolic_shape_is_not_fused_until_it_is_fixed():
-    m = bert_attention()
+def _symbolic(m, mask=True):
     m.graph.input[0].CopyFrom(vi("x", ["batch", "seq", D]))
-    m.graph.input[1].CopyFrom(vi("mask", ["batch", 1, 1, "seq"]))
+    if mask:
+        m.graph.input[1].CopyFrom(vi("mask", ["batch", 1, 1, "seq"]))
     m.graph.output[0].CopyFrom(vi("y", None))
-    assert ops(assert_same_outputs(m, feeds(), atol=1e-5))["Softmax"] == 1
-    sess = assert_same_outputs(m, feeds(), atol=1e-5, fixed={"batch": B, "seq": S})
-    assert ops(sess)["com.microsoft:MultiHeadAttention"] == 1
+    return m
+
+
+def _sized_feeds(b, s, mask=True, seed=7):
+    out = {"x": f32(b, s, D, seed=seed)}
+    if mask:
+        m = np.zeros((b, 1, 1, s), np.float32)
+        m[-1, ..., s // 2 + 1 :] = -10000.0
+        out["mask"] = m
+    return out
+
+
+def _same_for_sizes(m, sess, sizes, mask=True):
+    plain = session(m, disabled=["attention_fusion"])
+    for b, s in sizes:
+        f = _sized_feeds(b, s, mask)
+        got, want = sess.run(None, f)[0], plain.run(None, f)[0]
+        assert got.shape == want.shape == (b, s, D)
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_attention_on_symbolic_shapes_is_fused_and_runs_every_size(tmp_path):
+    m = _symbolic(bert_attention())
+    sess = session(m)
+    found = ops(sess)
+    # the [batch, 1, 1, seq] mask is expanded to [batch, 1, seq, seq] at run time
+    assert found["com.microsoft:MultiHeadAttention"] == 1 and "Softmax" not in found, found
+    assert found["Expand"] == 1 and found["Shape"] == 1, found
+    _same_for_sizes(m, sess, [(2, 5), (1, 1), (3, 7), (2, 5)])
+    # and the saved model, with that Expand, runs in onnxruntime
+    rt = pytest.importorskip("onnxruntime")
+    out = tmp_path / "opt.onnx"
+    session(m, save=out)
+    ref = rt.InferenceSession(str(out), providers=["CPUExecutionProvider"])
+    f = _sized_feeds(3, 6)
+    np.testing.assert_allclose(ref.run(None, f)[0], sess.run(None, f)[0], rtol=1e-4, atol=1e-5)
+
+
+def test_attention_mask_of_unknown_size_is_not_fused():
+    m = _symbolic(bert_attention())
+    m.graph.input[1].CopyFrom(vi("mask", ["batch", 1, 1, None]))  # neither a size nor a symbol
+    assert ops(session(m))["Softmax"] == 1
 
 
 def packed_attention():
@@ -125,3 +164,34 @@ def test_packed_projection_becomes_attention(tmp_path):
     onnx.checker.check_model(saved)
     got = rt.InferenceSession(saved.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds())
     np.testing.assert_allclose(got[0], sess.run(None, feeds())[0], rtol=1e-4, atol=1e-5)
+
+
+def split_then_transposed_attention():
+    """The packed [B, S, 3, N, H] split on axis 2 and each part transposed (K straight to
+    [B, N, H, S]), as onnxruntime's transpose optimizer leaves a torch export, with the
+    projection weight a graph input (not a constant one that Attention could take)."""
+    inits = {"r5": np.array([0, 0, 3, HEADS, H], np.int64), "split": np.array([1, 1, 1], np.int64),
+             "ax": np.array([2], np.int64), "c": np.float32(np.sqrt(H)), "merge": np.array([0, 0, D], np.int64)}
+    nodes = [N("MatMul", ["x", "w"], ["qkv"]), N("Reshape", ["qkv", "r5"], ["r"]),
+             N("Split", ["r", "split"], ["s0", "s1", "s2"], axis=2),
+             N("Squeeze", ["s0", "ax"], ["q3"]), N("Squeeze", ["s1", "ax"], ["k3"]), N("Squeeze", ["s2", "ax"], ["v3"]),
+             N("Transpose", ["q3"], ["q4"], perm=[0, 2, 1, 3]), N("Transpose", ["k3"], ["kt"], perm=[0, 2, 3, 1]),
+             N("Transpose", ["v3"], ["v4"], perm=[0, 2, 1, 3]), N("MatMul", ["q4", "kt"], ["qk"]),
+             N("Div", ["qk", "c"], ["sc"]), N("Add", ["sc", "mask"], ["a"]), N("Softmax", ["a"], ["p"], axis=-1),
+             N("MatMul", ["p", "v4"], ["ctx4"]), N("Transpose", ["ctx4"], ["ctx"], perm=[0, 2, 1, 3]),
+             N("Reshape", ["ctx", "merge"], ["y"])]
+    inputs = [vi("x", ["batch", "seq", D]), vi("w", [D, 3 * D]), vi("mask", ["batch", 1, 1, "seq"])]
+    return model(nodes, inputs, [vi("y", None)], inits)
+
+
+def test_packed_heads_split_then_transposed_become_split_and_multi_head_attention():
+    m = split_then_transposed_attention()
+    sess = session(m)
+    found = ops(sess)
+    assert found["com.microsoft:MultiHeadAttention"] == 1 and found["Split"] == 1, found
+    assert "Softmax" not in found and "Transpose" not in found and "Squeeze" not in found, found
+    plain = session(m, disabled=["attention_fusion"])
+    w = f32(D, 3 * D, seed=3, scale=0.3)
+    for b, s in [(2, 5), (1, 3), (3, 1)]:
+        f = dict(_sized_feeds(b, s), w=w)
+        np.testing.assert_allclose(sess.run(None, f)[0], plain.run(None, f)[0], rtol=1e-5, atol=1e-5)

@@ -19,13 +19,17 @@ where ``heads(t)`` splits ``[B, S, N*H]`` into ``[B, N, S, H]`` in one of two wa
   ``Transpose([2, 0, 3, 1, 4])``, ``Split`` on axis 0 and ``Squeeze``. With a constant
   ``W`` and ``b`` it becomes ``Attention(x, W, b, attention_bias=mask)``.
 
-The reshape targets must be constants (fixed shapes, or dimensions fixed with
-``add_free_dimension_override_by_name``) so that the head count and size are known
-and the reshapes provably split and merge the last axis only. The scale ``c`` must be
+The head count and size in the reshape targets must be constants, so that the
+reshapes provably split and merge the last axis only; their batch and sequence
+entries may be constants or, with dynamic axes, dims computed at run time from a
+tensor whose shape names the same symbols (``Unsqueeze(Gather(Shape(x), 0))``). A
+packed projection that is not a MatMul with a constant weight (a quantized one, say)
+becomes ``Split`` into Q, K and V and ``MultiHeadAttention``. The scale ``c`` must be
 a scalar constant; the mask is passed as ``attention_bias`` and added to the scaled
 scores, exactly as the unfused graph adds it. onnxruntime wants that bias as
 ``[B or 1, N or 1, S, T]``, so a mask that broadcasts over queries or keys is
-expanded to it first (its shape must then be static).
+expanded to it first (to a target read from the inputs' shapes at run time where
+the sequence lengths are dynamic).
 """
 
 from __future__ import annotations
@@ -43,22 +47,75 @@ def _perm(t) -> list[int] | None:
     return None if p is None else [int(v) for v in p]
 
 
-def _reshape_const(view: GraphView, node) -> list[int] | None:
+def _reshape_const(view: GraphView, node) -> list | None:
+    """A Reshape's target: its entries ints, or the symbolic name of a dimension the
+    target copies from some tensor's shape at run time (:func:`_shape_entries`)."""
     if node is None or node.op_type != "Reshape" or node.domain != "" or len(node.inputs) != 2:
         return None
     if node.attr("allowzero", 0):
         return None
     c = view.const(node.inputs[1])
-    return None if c is None or c.ndim != 1 else [int(v) for v in c]
+    if c is not None:
+        return None if c.ndim != 1 else [int(v) for v in c]
+    cat = view.producer(node.inputs[1], "Concat")
+    if cat is None or int(cat.attr("axis", 0)) not in (0, -1):
+        return None
+    target = []
+    for part in cat.inputs:
+        entries = _shape_entries(view, part)
+        if entries is None:
+            return None
+        target += entries
+    return target
 
 
-def _lead_dims_kept(target: list[int], src_shape: list) -> bool:
+def _shape_entries(view: GraphView, name: str) -> list | None:
+    """The 1-D int64 ``name`` as target entries: a constant's values, or the dims that
+    ``Unsqueeze(Gather(Shape(u), i))`` or ``Gather(Shape(u), [i, ...])`` pick from ``u``
+    where its shape names them (a symbol such as ``batch``, or an int). Two tensors
+    whose dims carry one symbol have the same size there, so a target entry copying
+    a symbolic dim of the tensor it reshapes keeps that dim, as a 0 entry would."""
+    c = view.const(name)
+    if c is not None:
+        return [int(v) for v in c.reshape(-1)] if c.ndim == 1 and c.dtype.kind in "iu" else None
+    node = view.producer(name)
+    squeeze = node is not None and node.op_type == "Unsqueeze" and node.domain == ""
+    if squeeze:
+        axes = node.attr("axes") if len(node.inputs) < 2 else view.const(node.inputs[1])
+        if axes is None or [int(a) for a in list(np.asarray(axes).reshape(-1))] != [0]:
+            return None
+        node = view.producer(node.inputs[0])
+    if node is None or node.op_type != "Gather" or node.domain != "" or int(node.attr("axis", 0)) != 0:
+        return None
+    idx = view.const(node.inputs[1])
+    shape_node = view.producer(node.inputs[0], "Shape")
+    if idx is None or shape_node is None or idx.ndim != (0 if squeeze else 1) or idx.dtype.kind not in "iu":
+        return None
+    if shape_node.attr("start", 0) or shape_node.attr("end") is not None:
+        return None
+    dims = view.shape(shape_node.inputs[0])
+    if not dims:
+        return None
+    out = []
+    for i in idx.reshape(-1):
+        i = int(i)
+        if not -len(dims) <= i < len(dims) or dims[i] is None:
+            return None
+        out.append(dims[i])
+    return out
+
+
+def _lead_dims_kept(target: list, src_shape: list) -> bool:
     """Whether ``target``'s first two entries keep ``src_shape``'s first two dims."""
     for t, s in zip(target[:2], src_shape[:2]):
-        if t == 0 or (isinstance(s, int) and t == s):
+        if t == 0 or (s is not None and t == s):
             continue
         return False
     return True
+
+
+def _ints(*entries) -> bool:
+    return all(isinstance(e, int) for e in entries)
 
 
 def _split_heads(view: GraphView, name: str, perm: list[int]):
@@ -76,6 +133,8 @@ def _split_heads(view: GraphView, name: str, perm: list[int]):
         return None
     d = shape[2]
     n, h = target[2], target[3]
+    if not _ints(n, h):
+        return None
     if h > 0 and n == -1 and d % h == 0:
         n = d // h
     elif n > 0 and h == -1 and d % n == 0:
@@ -142,35 +201,63 @@ def _merge_heads(view: GraphView, name: str, d: int, q_shape: list):
         return None
     rs = view.only_reader(tr.outputs[0], "Reshape")
     target = _reshape_const(view, rs)
-    if target is None or len(target) != 3 or target[2] not in (d, -1) or not _lead_dims_kept(target, q_shape):
+    if (target is None or len(target) != 3 or not _ints(target[2]) or target[2] not in (d, -1)
+            or not _lead_dims_kept(target, q_shape)):
         return None
     return [tr, rs], rs.outputs[0]
 
 
-def _from_split(view: GraphView, q4: str, k_swapped: str, v4: str):
-    sw = view.producer(k_swapped, "Transpose")
-    if sw is None or _perm(sw) != [0, 1, 3, 2] or not view.internal(sw.inputs[0], [sw]):
-        return None
-    squeezes = [view.producer(v, "Squeeze") for v in (q4, sw.inputs[0], v4)]
+def _split_in_three(view: GraphView, values: list[str], axis: int):
+    """``values`` = Squeeze(Split(t, axis)[i], [axis]) for i = 0, 1, 2: (t, nodes)."""
+    squeezes = [view.producer(v, "Squeeze") for v in values]
     if any(s is None for s in squeezes):
         return None
     split = view.producer(squeezes[0].inputs[0], "Split")
-    if split is None or split.attr("axis", 0) != 0 or len(split.outputs) != 3:
+    if split is None or split.attr("axis", 0) != axis or len(split.outputs) != 3:
         return None
     for i, s in enumerate(squeezes):
         axes = s.attr("axes") if len(s.inputs) < 2 else view.const(s.inputs[1])
-        if s.inputs[0] != split.outputs[i] or axes is None or [int(a) for a in list(axes)] != [0]:
+        if s.inputs[0] != split.outputs[i] or axes is None or [int(a) for a in list(axes)] != [axis]:
             return None
     if len(split.inputs) > 1 and split.inputs[1]:
         sizes = view.const(split.inputs[1])
         if sizes is None or [int(v) for v in sizes] != [1, 1, 1]:
             return None
-    tr = view.producer(split.inputs[0], "Transpose")
-    if tr is None or _perm(tr) != [2, 0, 3, 1, 4]:
+    return split.inputs[0], [split, *squeezes]
+
+
+def _packed_heads(view: GraphView, q4: str, k_swapped: str, v4: str):
+    """Q, K (last two axes swapped) and V in heads from one ``[B, S, 3, N, H]`` tensor:
+    (its Reshape node, the nodes between). Either the whole is transposed to
+    ``[3, B, N, S, H]`` and split on axis 0 (K then swapped), or it is split on axis 2
+    and each part transposed (K straight to ``[B, N, H, S]``)."""
+    sw = view.producer(k_swapped, "Transpose")
+    if sw is None:
         return None
-    rs = view.producer(tr.inputs[0])
+    if _perm(sw) == [0, 1, 3, 2] and view.internal(sw.inputs[0], [sw]):
+        found = _split_in_three(view, [q4, sw.inputs[0], v4], 0)
+        if found is None:
+            return None
+        tr = view.producer(found[0], "Transpose")
+        if tr is None or _perm(tr) != [2, 0, 3, 1, 4]:
+            return None
+        return view.producer(tr.inputs[0]), [tr, *found[1], sw]
+    trs = [view.producer(q4, "Transpose"), sw, view.producer(v4, "Transpose")]
+    if any(t is None for t in trs) or [_perm(t) for t in trs] != [[0, 2, 1, 3], [0, 2, 3, 1], [0, 2, 1, 3]]:
+        return None
+    found = _split_in_three(view, [t.inputs[0] for t in trs], 2)
+    if found is None:
+        return None
+    return view.producer(found[0]), [*found[1], *trs]
+
+
+def _from_split(view: GraphView, q4: str, k_swapped: str, v4: str):
+    heads = _packed_heads(view, q4, k_swapped, v4)
+    if heads is None:
+        return None
+    rs, between = heads
     target = _reshape_const(view, rs)
-    if target is None or len(target) != 5 or target[2] != 3:
+    if target is None or len(target) != 5 or not _ints(*target[2:]) or target[2] != 3:
         return None
     qkv = rs.inputs[0]
     shape = view.shape(qkv)
@@ -184,21 +271,20 @@ def _from_split(view: GraphView, q4: str, k_swapped: str, v4: str):
         h = d // n
     if n <= 0 or h <= 0 or n * h != d or not _lead_dims_kept(target, shape):
         return None
+    nodes = [rs, *between]
     add = view.producer(qkv, "Add")
-    if add is None or len(add.inputs) != 2:
-        return None
-    for b, p in (add.inputs, add.inputs[::-1]):
+    for b, p in (add.inputs, add.inputs[::-1]) if add is not None and len(add.inputs) == 2 else ():
         mm = view.producer(p, "MatMul")
         bias = view.const(b)
-        if mm is None or bias is None or bias.shape != (3 * d,):
+        if mm is None or bias is None or bias.shape != (3 * d,) or not view.internal(p, [add]):
             continue
         w = view.const(mm.inputs[1])
         x_shape = view.shape(mm.inputs[0])
         if w is None or w.ndim != 2 or w.shape[1] != 3 * d or not x_shape or len(x_shape) != 3:
             continue
-        nodes = [mm, add, rs, tr, split, *squeezes, sw]
-        return mm.inputs[0], mm.inputs[1], b, n, h, nodes, x_shape
-    return None
+        return qkv, n, h, nodes, shape, (mm.inputs[0], mm.inputs[1], b, [mm, add], x_shape)
+    # made otherwise (a quantized projection, say): split into Q, K and V
+    return qkv, n, h, nodes, shape, None
 
 
 def attention_fusion(graph, ctx) -> bool:
@@ -232,11 +318,13 @@ def attention_fusion(graph, ctx) -> bool:
             if merged is None:
                 continue
             tail, out = merged
-            fitted = _fit_mask(view, mask, q_shape, view.shape(kv), n, sm.name)
+            k_shape = view.shape(kv)
+            # (Q, K and V before their biases: the shapes the mask's Expand may read)
+            (qv, kv, vv), bias, bias_nodes = _take_biases(view, [qv, kv, vv], [qn[0], kn[0], vn[0]])
+            fitted = _fit_mask(view, mask, q_shape, k_shape, n, sm.name, qv, kv)
             if fitted is None:
                 continue
             mask, expand = fitted
-            (qv, kv, vv), bias, bias_nodes = _take_biases(view, [qv, kv, vv], [qn[0], kn[0], vn[0]])
             inputs = [qv, kv, vv, bias, "", mask or ""]
             while inputs and not inputs[-1]:
                 inputs.pop()
@@ -248,28 +336,58 @@ def attention_fusion(graph, ctx) -> bool:
         packed = _from_split(view, q4, k4t, v4)
         if packed is None:
             continue
-        x, w, b, n, h, packed_nodes, x_shape = packed
-        merged = _merge_heads(view, pv.outputs[0], n * h, x_shape)
+        qkv, n, h, packed_nodes, qkv_shape, projection = packed
+        merged = _merge_heads(view, pv.outputs[0], n * h, qkv_shape)
         if merged is None:
             continue
         tail, out = merged
-        fitted = _fit_mask(view, mask, x_shape, x_shape, n, sm.name)
+        scale = float(scale if scale is not None else 1.0)
+        if projection is not None:
+            x, w, b, proj_nodes, x_shape = projection
+            fitted = _fit_mask(view, mask, x_shape, x_shape, n, sm.name, x, x)
+            if fitted is None:
+                continue
+            mask, expand = fitted
+            inputs = _trim([x, w, b, "", "", mask or ""])
+            node = view.make_node("Attention", inputs, [out], sm.name + "_attention", domain=MS_DOMAIN,
+                                  num_heads=n, scale=scale)
+            view.replace(_unique(proj_nodes + packed_nodes + score_nodes + [sm, pv] + tail), expand + [node])
+            continue
+        if view.graph.opsets.get("", 1) < 13:
+            continue  # Split's sizes are an input from opset 13
+        fitted = _fit_mask(view, mask, qkv_shape, qkv_shape, n, sm.name, qkv, qkv)
         if fitted is None:
             continue
         mask, expand = fitted
-        inputs = [x, w, b, "", "", mask or ""]
-        while inputs and not inputs[-1]:
-            inputs.pop()
-        node = view.make_node("Attention", inputs, [out], sm.name + "_attention", domain=MS_DOMAIN,
-                              num_heads=n, scale=float(scale if scale is not None else 1.0))
-        view.replace(_unique(packed_nodes + score_nodes + [sm, pv] + tail), expand + [node])
+        d = n * h
+        parts = [view.graph.unique_name(f"{sm.name}_{p}") for p in "qkv"]
+        sizes = view.add_constant(sm.name + "_qkv_sizes", np.array([d, d, d], np.int64))
+        split = view.make_node("Split", [qkv, sizes], parts, sm.name + "_qkv_split", axis=-1)
+        node = view.make_node("MultiHeadAttention", _trim(parts + ["", "", mask or ""]), [out], sm.name + "_mha",
+                              domain=MS_DOMAIN, num_heads=n, scale=scale)
+        view.replace(_unique(packed_nodes + score_nodes + [sm, pv] + tail), expand + [split, node])
     return view.finish()
 
 
-def _fit_mask(view: GraphView, mask: str | None, q_shape, k_shape, heads: int, name: str):
+def _trim(inputs: list) -> list:
+    """Inputs without trailing empty (omitted optional) names."""
+    inputs = list(inputs)
+    while inputs and not inputs[-1]:
+        inputs.pop()
+    return inputs
+
+
+def _fit_mask(view: GraphView, mask: str | None, q_shape, k_shape, heads: int, name: str, q: str, k: str):
     """The mask as onnxruntime's ``attention_bias`` takes it, ``[B or 1, N or 1, S, T]``:
     ``(mask, nodes)``, with an Expand added where the mask broadcasts over queries or
-    keys; None where that cannot be known statically."""
+    keys, or None.
+
+    Where the sizes are symbolic (a dynamic batch and sequence), the Expand's target
+    ``[1, 1, S, T]`` is read from the shapes of the query and key inputs ``q`` and ``k``
+    at run time. A run of the unfused graph gives the mask 1, S or T there (a larger
+    size would broadcast the scores past what the product with V and the reshapes
+    back to ``[B, S, D]`` accept), so the expanded mask is what the attention takes;
+    a mask that fits neither fails in the Expand, as the unfused graph fails."""
     if mask is None:
         return None, []
     shape = view.shape(mask)
@@ -277,17 +395,30 @@ def _fit_mask(view: GraphView, mask: str | None, q_shape, k_shape, heads: int, n
         return None
     shape = [1] * (4 - len(shape)) + list(shape)
     s, t, b = q_shape[1], k_shape[1], q_shape[0]
-    if not all(isinstance(d, int) for d in shape) or not isinstance(s, int) or not isinstance(t, int):
-        return None
-    if shape[0] not in (1, b) or shape[1] not in (1, heads) or shape[2] not in (1, s) or shape[3] not in (1, t):
-        return None
-    if shape[2:] == [s, t] and view.rank(mask) == 4:
+    for dim, size in zip(shape, [b, heads, s, t]):
+        if dim != 1 and dim != size and (dim is None or (isinstance(dim, int) and isinstance(size, int))):
+            return None  # unknown, or known not to fit
+    if shape[2:] == [s, t] and None not in (s, t) and view.rank(mask) == 4:
         return mask, []
-    target = view.add_constant(name + "_bias_shape", np.array(shape[:2] + [s, t], np.int64))
     out = view.graph.unique_name(name + "_bias")
-    expand = view.make_node("Expand", [mask, target], [out], name + "_expand_bias")
-    expand.opset = view.graph.opsets.get("", 1)
-    return out, [expand]
+    if all(isinstance(d, int) for d in shape) and isinstance(s, int) and isinstance(t, int):
+        target = view.add_constant(name + "_bias_shape", np.array(shape[:2] + [s, t], np.int64))
+        return out, [view.make_node("Expand", [mask, target], [out], name + "_expand_bias")]
+    # [1, 1] then dim 1 of q's shape and of k's
+    nodes, parts = [], [view.add_constant(name + "_bias_lead", np.ones(2, np.int64))]
+    second = view.add_constant(name + "_bias_axis", np.array([1], np.int64))
+    for src, tag in ((q, "queries"), (k, "keys")):
+        if tag == "keys" and (src == q or k_shape[1] == s):
+            parts.append(parts[-1])  # as many keys as queries (one symbol for both)
+            continue
+        sh, dim = view.graph.unique_name(f"{name}_{tag}_shape"), view.graph.unique_name(f"{name}_{tag}")
+        nodes += [view.make_node("Shape", [src], [sh], f"{name}_{tag}_shape"),
+                  view.make_node("Gather", [sh, second], [dim], f"{name}_{tag}", axis=0)]
+        parts.append(dim)
+    target = view.graph.unique_name(name + "_bias_shape")
+    nodes.append(view.make_node("Concat", parts, [target], name + "_bias_shape", axis=0))
+    nodes.append(view.make_node("Expand", [mask, target], [out], name + "_expand_bias"))
+    return out, nodes
 
 
 def _take_biases(view: GraphView, values: list[str], readers: list):
