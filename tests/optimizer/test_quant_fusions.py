@@ -493,3 +493,44 @@ def test_qlinear_conv_constant_weight_path_matches_fed_weight(case, monkeypatch)
     assert got.flags.c_contiguous
     np.testing.assert_array_equal(got, want)
     assert len(np.unique(got)) > 10
+
+
+def _qoperator_gelu_model(dt):
+    """A Gelu as onnxruntime's QOperator quantizer writes it: DQ -> Div -> Erf -> Q, then
+    com.microsoft QLinearAdd (+1), QLinearMul (by x again) and QLinearMul (by 0.5), on an
+    8-bit graph input."""
+    t = np.int8 if dt == I8 else np.uint8
+    # zero points placing each value's range inside the type: e in [-1, 1], a = e + 1 in
+    # [0, 2], m = x * a in [-0.4, 11], y = m / 2
+    zps = {"z": 4, "ez": 0, "az": -128, "mz": -100, "yz": -120} if dt == I8 else \
+        {"z": 120, "ez": 128, "az": 0, "mz": 10, "yz": 8}
+    inits = {k: t(v) for k, v in zps.items()}
+    inits.update({"s": np.float32(0.04), "k": np.float32(1.4142135), "es": np.float32(1 / 127),
+                  "one": t(1), "os": np.float32(1.0), "oz": t(0), "as": np.float32(2 / 255), "ms": np.float32(0.05),
+                  "half": t(100), "hs": np.float32(0.005), "hz": t(0), "ys": np.float32(0.025)})
+    ms = "com.microsoft"
+    nodes = [
+        _dq("x", "xd", "s", "z"), helper.make_node("Div", ["xd", "k"], ["t"]), helper.make_node("Erf", ["t"], ["e"]),
+        _q("e", "eq", "es", "ez"),
+        helper.make_node("QLinearAdd", ["eq", "es", "ez", "one", "os", "oz", "as", "az"], ["aq"], domain=ms),
+        helper.make_node("QLinearMul", ["x", "s", "z", "aq", "as", "az", "ms", "mz"], ["mq"], domain=ms),
+        helper.make_node("QLinearMul", ["mq", "ms", "mz", "half", "hs", "hz", "ys", "yz"], ["y"], domain=ms),
+    ]
+    graph = helper.make_graph(nodes, "g", [vi("x", [3, 40], dt)], [vi("y", None, dt)],
+                              initializer=[onnx.numpy_helper.from_array(np.asarray(v), k) for k, v in inits.items()])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13), helper.make_opsetid(ms, 1)],
+                             ir_version=10)
+
+
+@pytest.mark.parametrize("dt", [I8, U8])
+def test_qoperator_gelu_becomes_one_table_lookup(dt):
+    m = _qoperator_gelu_model(dt)
+    sess = session(m, ALL)
+    counts = ops(sess)
+    assert counts == {"ai.onnxrt:LookupTable": 1}, counts
+    lo, hi = (-128, 127) if dt == I8 else (0, 255)
+    x = np.linspace(lo, hi, 120).round().reshape(3, 40).astype(np.int8 if dt == I8 else np.uint8)
+    got = sess.run(None, {"x": x})[0]
+    np.testing.assert_array_equal(got, session(m, OFF).run(None, {"x": x})[0])
+    np.testing.assert_array_equal(got, ort.InferenceSession(m.SerializeToString()).run(None, {"x": x})[0])
+    assert len(np.unique(got)) > 20

@@ -21,10 +21,11 @@ what the graph did:
 - ``qdq_drop_fusion``: ``Q(op(DQ(x)))`` where ``Q`` has ``DQ``'s scale and zero point
   and ``op`` only moves or selects values (MaxPool, Reshape, Transpose, Flatten,
   Squeeze, Unsqueeze, Slice, Split, Gather): the op runs on the integers.
-- ``qdq_lookup_fusion``: ``Q(f(DQ(x)))`` for elementwise float work ``f`` on ``x``
-  alone (constants one-element; Q/DQ pairs and several reads of ``DQ(x)`` inside, as
-  in a QDQ Gelu) -> onnxrt's ``LookupTable`` of what ``f`` computes for each 8-bit
-  input (built with the nodes' own kernels, so exact).
+- ``qdq_lookup_fusion``: elementwise work ``f`` on one 8-bit ``x`` alone, ending in an
+  8-bit value: float ops between ``DQ(x)`` and a ``Q`` (constants one-element; Q/DQ
+  pairs and several reads of ``x`` inside, as in a QDQ Gelu), and QLinearAdd,
+  QLinearMul and earlier tables (a QOperator Gelu) -> onnxrt's ``LookupTable`` of what
+  ``f`` computes for each 8-bit input (built with the nodes' own kernels, so exact).
 - ``dynamic_quant_matmul_fusion``: ``Mul(Cast(MatMulInteger(DynamicQuantizeLinear(x),
   W)), x_scale * w_scale) [+ bias]`` -> com.microsoft ``DynamicQuantizeMatMul`` (or
   ``MatMulIntegerToFloat`` when the quantized ``x`` has other readers).
@@ -42,6 +43,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from onnx import TensorProto
 
 from .patterns import MS_DOMAIN, ONNXRT_DOMAIN, GraphView
 
@@ -382,21 +384,30 @@ _BINARY = {"Add", "Sub", "Mul", "Div", "Pow", "Max", "Min"}
 _LOOKUP_MAX_NODES = 32
 
 
+#: 8-bit binary ops of com.microsoft: (A, scales and zero points, B) as QLinearAdd's
+_QLINEAR_BINARY = {"QLinearAdd", "QLinearMul"}
+#: the ops whose output is an 8-bit code, so where a table may end
+_BYTE_OUT = {"QuantizeLinear", "QLinearAdd", "QLinearMul", "LookupTable"}
+
+
 class _Region:
     """The nodes computing elementwise functions of one 8-bit tensor ``x`` alone.
 
-    From ``DQ(x)`` it takes every node whose inputs are values it already computes or
-    one-element constants: elementwise float ops (:data:`_UNARY`, :data:`_BINARY`) and
-    per-tensor QuantizeLinear and DequantizeLinear. Each of its values is then one of
-    256 values, as ``x`` is, so any QuantizeLinear in it is a 256-entry table of ``x``.
+    From ``x`` it takes every node whose inputs are values it already computes or
+    one-element constants: per-tensor DequantizeLinear and QuantizeLinear, elementwise
+    float ops (:data:`_UNARY`, :data:`_BINARY`), the 8-bit QLinearAdd and QLinearMul
+    with constant scales and zero points, and ``LookupTable``. Each of its values is
+    then one of 256 values, as ``x`` is, so any 8-bit value in it is a 256-entry table
+    of ``x``.
     """
 
-    def __init__(self, view: GraphView, dq: _Quant, rank: int | None):
-        self.view, self.dq, self.rank = view, dq, rank
+    def __init__(self, view: GraphView, x: str, provider):
+        self.view, self.x, self.provider = view, x, provider
+        self.rank = view.rank(x)
         self.fixed: dict[str, np.ndarray | None] = {}
-        self.values = {dq.node.outputs[0]}
+        self.values = {x}
         self.nodes: list = []
-        todo = [dq.node.outputs[0]]
+        todo = [x]
         added: set[int] = set()
         while todo and len(self.nodes) < _LOOKUP_MAX_NODES:
             for r in view.readers(todo.pop()):
@@ -407,11 +418,12 @@ class _Region:
                     todo.append(r.outputs[0])
         self.nodes = view.in_order(self.nodes)
 
-    def _constant(self, name: str) -> np.ndarray | None:
-        """A one-element float32 constant, or DQ of constants, that broadcasting with
-        ``x`` leaves ``x``'s shape (no more dimensions than ``x`` has)."""
-        if name in self.fixed:
-            return self.fixed[name]
+    def _constant(self, name: str, kinds: str = "f") -> np.ndarray | None:
+        """A one-element constant (float32, or of ``kinds``), or DQ of constants, that
+        broadcasting with ``x`` leaves ``x``'s shape (no more dimensions than it has)."""
+        key = (name, kinds)
+        if key in self.fixed:
+            return self.fixed[key]
         view = self.view
         c = view.const(name)
         n = view.producers.get(name)
@@ -419,17 +431,28 @@ class _Region:
             args = [view.const(i) if i else None for i in n.inputs]
             if all(a is not None for a, i in zip(args, n.inputs) if i):
                 c = _run_kernel(view.ctx, n, args)
-        if c is not None and (c.size != 1 or c.dtype != _F32 or (c.ndim and (self.rank or 0) < c.ndim)):
+        if c is not None and (c.size != 1 or c.dtype.kind not in kinds or (c.dtype.kind == "f" and c.dtype != _F32)
+                              or (c.ndim and (self.rank or 0) < c.ndim)):
             c = None
-        self.fixed[name] = c
+        self.fixed[key] = c
         return c
 
     def _joins(self, node) -> bool:
         view = self.view
-        if (not view.free(node) or node.provider != self.dq.node.provider or node.domain != ""
-                or len(node.outputs) != 1 or node.subgraphs):
+        if (not view.free(node) or node.provider != self.provider or len(node.outputs) != 1 or node.subgraphs):
             return False
         ins = node.inputs
+        if node.domain == MS_DOMAIN and node.op_type in _QLINEAR_BINARY and len(ins) in (7, 8):
+            if not all(view.const(ins[i]) is not None for i in (1, 4, 6)):
+                return False
+            if not all(view.const(ins[i]) is not None for i in (2, 5, 7) if i < len(ins) and ins[i]):
+                return False
+            mine = [ins[0] in self.values, ins[3] in self.values]
+            return any(mine) and all(m or self._constant(ins[i], "iu") is not None for m, i in zip(mine, (0, 3)))
+        if node.domain == ONNXRT_DOMAIN and node.op_type == "LookupTable":
+            return len(ins) == 2 and ins[0] in self.values and view.const(ins[1]) is not None
+        if node.domain != "":
+            return False
         if node.op_type in ("QuantizeLinear", "DequantizeLinear"):
             q = _params(view, node)
             # (its scale and zero point are constants, never values of the region)
@@ -454,12 +477,12 @@ class _Region:
         return [n for n in self.nodes if id(n) in keep]
 
     def table(self, nodes, codes: np.ndarray) -> np.ndarray | None:
-        """What ``nodes`` (ending in a QuantizeLinear) compute for each of ``codes``,
-        by the nodes' own kernels: exactly what the graph computes."""
+        """What ``nodes`` (ending in an 8-bit value) compute for each of ``codes``, by
+        the nodes' own kernels: exactly what the graph computes."""
         view = self.view
-        vals = {self.dq.value: codes}
+        vals = {self.x: codes}
         try:
-            for node in [self.dq.node, *nodes]:
+            for node in nodes:
                 args = []
                 for name in node.inputs:
                     if not name:
@@ -468,7 +491,7 @@ class _Region:
                         args.append(vals[name])
                     else:
                         c = view.const(name)
-                        args.append(c if c is not None else self._constant(name))
+                        args.append(c if c is not None else self._constant(name, "fiu"))
                 vals[node.outputs[0]] = _run_kernel(view.ctx, node, args)
         except Exception:  # noqa: BLE001 - no table, no fusion: the graph runs as written
             return None
@@ -485,47 +508,73 @@ def _run_kernel(ctx, node, args) -> np.ndarray:
 
 
 def _worth_a_table(nodes) -> bool:
-    """Whether ``nodes`` hold float work beyond one binary op with a constant (that
-    one ``qdq_binary_fusion`` makes a QLinearAdd/QLinearMul, itself a lookup)."""
+    """Whether ``nodes`` hold more than one op besides Q/DQ, or one float unary op (one
+    binary op with a constant is a QLinearAdd/QLinearMul, itself a lookup, and one
+    LookupTable is one already)."""
     ops = [n for n in nodes if n.op_type not in ("QuantizeLinear", "DequantizeLinear")]
-    if not ops:
-        return False
-    return len(ops) > 1 or ops[0].op_type in _UNARY
+    return len(ops) > 1 or (len(ops) == 1 and ops[0].domain == "" and ops[0].op_type in _UNARY)
+
+
+#: the inputs of each op that may be an 8-bit tensor a table starts from
+_ROOT_INPUTS = {("", "DequantizeLinear"): (0,), (MS_DOMAIN, "QLinearAdd"): (0, 3), (MS_DOMAIN, "QLinearMul"): (0, 3),
+                (ONNXRT_DOMAIN, "LookupTable"): (0,)}
 
 
 def qdq_lookup_fusion(graph, ctx) -> bool:
-    """Elementwise float work on one 8-bit tensor ``x``, from ``DQ(x)`` to a
-    QuantizeLinear (a chain such as ``Q(Erf(Div(DQ(x))))``, or a whole QDQ Gelu whose
-    ops are each quantized and which reads ``DQ(x)`` twice) -> one 256-entry table
-    lookup of ``x`` (onnxrt's ``LookupTable``, which a provider must have for the
-    fusion to apply): an 8-bit input has 256 values, and the table holds what the
-    graph computes for each."""
+    """Elementwise work on one 8-bit tensor ``x`` alone ending in an 8-bit value (a
+    chain such as ``Q(Erf(Div(DQ(x))))``, a whole QDQ Gelu whose ops are each quantized
+    and which reads ``DQ(x)`` twice, or a QOperator Gelu of QLinearAdd and QLinearMul
+    nodes) -> one 256-entry table lookup of ``x`` (onnxrt's ``LookupTable``, which a
+    provider must have for the fusion to apply): an 8-bit input has 256 values, and
+    the table holds what the graph computes for each."""
     view = GraphView(graph, ctx)
-    for dqn in view.candidates("DequantizeLinear"):
-        dq = _params(view, dqn)
-        if dq is None or not dq.per_tensor or view.const(dq.value) is not None:
-            continue
-        in_dt = _int_type(view, dq)
-        if in_dt is None:
-            continue
-        region = _Region(view, dq, view.rank(dq.value))
-        # the latest QuantizeLinear first: the largest table that is x's alone
-        for sink in reversed([n for n in region.nodes if n.op_type == "QuantizeLinear"]):
-            if not view.free(sink):
+    seen: set[str] = set()
+    for node in list(view.graph.nodes):
+        for i in _ROOT_INPUTS.get((node.domain, node.op_type), ()):
+            x = node.inputs[i] if i < len(node.inputs) else ""
+            if not x or x in seen or not view.free(node) or view.const(x) is not None:
                 continue
-            nodes = region.upstream(sink)
-            if not _worth_a_table(nodes) or any(not view.internal(o, nodes) for n in nodes[:-1] for o in n.outputs):
-                continue
-            # entry i for the code whose bit pattern is i
-            table = region.table(nodes, np.arange(256, dtype=np.uint8).view(in_dt))
-            if table is None:
-                continue
-            first = nodes[0].name
-            lookup = view.make_node("LookupTable", [dq.value, view.add_constant(first + "_table", table)],
-                                    [sink.outputs[0]], first + "_lookup", domain=ONNXRT_DOMAIN)
-            if view.replace(nodes, [lookup]):
-                break
+            seen.add(x)
+            in_dt = _byte_type(view, node, i)
+            if in_dt is not None:
+                _fuse_region(view, _Region(view, x, node.provider), in_dt)
     return view.finish()
+
+
+def _byte_type(view: GraphView, node, i: int) -> np.dtype | None:
+    """The 8-bit type of ``node``'s input ``i``, or None: as inferred, else from the
+    zero point that goes with it (contrib ops' outputs have no inferred type)."""
+    dt = {TensorProto.INT8: np.dtype(np.int8), TensorProto.UINT8: np.dtype(np.uint8)}.get(view.elem_type(node.inputs[i]))
+    if dt is not None:
+        return dt
+    if node.op_type == "DequantizeLinear":
+        q = _params(view, node)
+        return None if q is None else _int_type(view, q)
+    if node.op_type in _QLINEAR_BINARY:
+        zp = view.const(node.inputs[i + 2]) if i + 2 < len(node.inputs) and node.inputs[i + 2] else None
+        return zp.dtype if zp is not None and zp.dtype in _BYTE_TYPES else None
+    return None
+
+
+def _fuse_region(view: GraphView, region: _Region, in_dt: np.dtype) -> None:
+    """Replace the largest part of ``region`` that ends in an 8-bit value read outside
+    it by a table lookup of its tensor."""
+    # the latest 8-bit value first: the largest table that is x's alone
+    for sink in reversed([n for n in region.nodes if n.op_type in _BYTE_OUT]):
+        if not view.free(sink):
+            continue
+        nodes = region.upstream(sink)
+        if not _worth_a_table(nodes) or any(not view.internal(o, nodes) for n in nodes[:-1] for o in n.outputs):
+            continue
+        # entry i for the code whose bit pattern is i
+        table = region.table(nodes, np.arange(256, dtype=np.uint8).view(in_dt))
+        if table is None:
+            continue
+        first = nodes[0].name
+        lookup = view.make_node("LookupTable", [region.x, view.add_constant(first + "_table", table)],
+                                [sink.outputs[0]], first + "_lookup", domain=ONNXRT_DOMAIN)
+        if view.replace(nodes, [lookup]):
+            return
 
 
 # -- dynamic quantization ---------------------------------------------------------------
