@@ -534,3 +534,16 @@ def test_qoperator_gelu_becomes_one_table_lookup(dt):
     np.testing.assert_array_equal(got, session(m, OFF).run(None, {"x": x})[0])
     np.testing.assert_array_equal(got, ort.InferenceSession(m.SerializeToString()).run(None, {"x": x})[0])
     assert len(np.unique(got)) > 20
+
+
+def test_qdq_table_leaves_a_dequantize_that_others_read():
+    # x's DequantizeLinear feeds the Erf chain and a graph output: the chain becomes a
+    # table of x, and the DequantizeLinear stays for its other reader
+    m = _lookup_model(U8)
+    m.graph.output.append(vi("xd", None))
+    sess = session(m, ALL)
+    counts = ops(sess)
+    assert counts["ai.onnxrt:LookupTable"] == 1 and "Erf" not in counts and counts["DequantizeLinear"] >= 1, counts
+    feeds = {"x": np.linspace(-6, 6, 132, dtype=np.float32).reshape(4, 33)}
+    for g, w in zip(sess.run(None, feeds), session(m, OFF).run(None, feeds)):
+        np.testing.assert_array_equal(g, w)

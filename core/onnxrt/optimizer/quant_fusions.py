@@ -565,7 +565,12 @@ def _fuse_region(view: GraphView, region: _Region, in_dt: np.dtype) -> None:
         if not view.free(sink):
             continue
         nodes = region.upstream(sink)
-        if not _worth_a_table(nodes) or any(not view.internal(o, nodes) for n in nodes[:-1] for o in n.outputs):
+        if not _worth_a_table(nodes):
+            continue
+        # a DequantizeLinear of x itself that others read too (a Conv, say) stays for
+        # them; any other value read outside ends the table earlier
+        shared = [n for n in nodes[:-1] if any(not view.internal(o, nodes) for o in n.outputs)]
+        if any(n.op_type != "DequantizeLinear" or n.inputs[0] != region.x for n in shared):
             continue
         # entry i for the code whose bit pattern is i
         table = region.table(nodes, np.arange(256, dtype=np.uint8).view(in_dt))
@@ -574,7 +579,7 @@ def _fuse_region(view: GraphView, region: _Region, in_dt: np.dtype) -> None:
         first = nodes[0].name
         lookup = view.make_node("LookupTable", [region.x, view.add_constant(first + "_table", table)],
                                 [sink.outputs[0]], first + "_lookup", domain=ONNXRT_DOMAIN)
-        if view.replace(nodes, [lookup]):
+        if view.replace([n for n in nodes if n not in shared], [lookup]):
             return
 
 
