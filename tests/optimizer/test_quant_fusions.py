@@ -278,9 +278,11 @@ def test_qdq_gelu_table_stops_where_a_value_is_read_outside():
     m = _gelu_model(U8, read_inside=True)
     sess = session(m, ALL)
     counts = ops(sess)
-    # the Erf's codes are a graph output: Div -> Erf is a table of x, which ends there
-    # (the rest reads x and the Erf's codes, two tensors)
-    assert counts["ai.onnxrt:LookupTable"] == 1 and "Erf" not in counts and counts["Mul"] == 1, counts
+    # the Erf's codes are a graph output: Div -> Erf is a table of x, which ends there;
+    # the Mul reading x and the Erf's (added) codes, two tensors, is a QLinearMul, and
+    # the Add of 1 and the Mul by 0.5 (float constants) are tables of their inputs
+    assert counts["ai.onnxrt:LookupTable"] == 3 and "Erf" not in counts, counts
+    assert counts["com.microsoft:QLinearMul"] == 1 and "Mul" not in counts and "Add" not in counts, counts
     feeds = {"x": np.linspace(-5, 5, 120, dtype=np.float32).reshape(3, 40)}
     for g, w in zip(sess.run(None, feeds), session(m, OFF).run(None, feeds)):
         np.testing.assert_array_equal(g, w)
@@ -393,10 +395,11 @@ def quantized(tmp_path_factory):
 REAL = [
     ("resnet_small", "qdq", {"QLinearConv": 9, "com.microsoft:QLinearAdd": 3, "com.microsoft:QGemm": 1,
                              "com.microsoft:QLinearGlobalAveragePool": 1}, {"Conv", "Gemm", "Add"}),
-    # each layer's Gelu (Div, Erf, Add, Mul, Mul and their Q/DQ) is one table
+    # each layer's Gelu (Div, Erf, Add, Mul, Mul and their Q/DQ) is one table, and so
+    # is the division of its attention scores by a constant
     ("transformer_encoder", "qdq", {"QLinearMatMul": 12, "com.microsoft:QLinearAdd": 15,
                                     "com.microsoft:QLinearMul": 1, "com.microsoft:QGemm": 1,
-                                    "ai.onnxrt:LookupTable": 2},
+                                    "ai.onnxrt:LookupTable": 4},
      {"MatMul", "Gemm", "Erf"}),
     ("transformer_encoder", "dynamic", {"com.microsoft:DynamicQuantizeMatMul": 9},
      {"MatMulInteger", "DynamicQuantizeLinear"}),

@@ -508,12 +508,20 @@ def _run_kernel(ctx, node, args) -> np.ndarray:
     return np.asarray(out[0] if isinstance(out, (tuple, list)) else out)
 
 
-def _worth_a_table(nodes) -> bool:
-    """Whether ``nodes`` hold more than one op besides Q/DQ, or one float unary op (one
-    binary op with a constant is a QLinearAdd/QLinearMul, itself a lookup, and one
-    LookupTable is one already)."""
+def _worth_a_table(view: GraphView, nodes) -> bool:
+    """Whether ``nodes`` hold more than one op besides Q/DQ, or one float op that
+    ``qdq_binary_fusion`` does not take: a unary op, or a binary one whose constant is
+    a float (not the DequantizeLinear of an 8-bit one: that pair becomes a
+    QLinearAdd/QLinearMul, itself a lookup). One LookupTable is one already."""
     ops = [n for n in nodes if n.op_type not in ("QuantizeLinear", "DequantizeLinear")]
-    return len(ops) > 1 or (len(ops) == 1 and ops[0].domain == "" and ops[0].op_type in _UNARY)
+    if len(ops) != 1:
+        return len(ops) > 1
+    op = ops[0]
+    if op.domain != "":
+        return False
+    if op.op_type in _UNARY:
+        return True
+    return op.op_type not in ("Add", "Mul") or any(view.producer(i, "DequantizeLinear") is None for i in op.inputs)
 
 
 #: the inputs of each op that may be an 8-bit tensor a table starts from
@@ -565,7 +573,7 @@ def _fuse_region(view: GraphView, region: _Region, in_dt: np.dtype) -> None:
         if not view.free(sink):
             continue
         nodes = region.upstream(sink)
-        if not _worth_a_table(nodes):
+        if not _worth_a_table(view, nodes):
             continue
         # a DequantizeLinear of x itself that others read too (a Conv, say) stays for
         # them; any other value read outside ends the table earlier
