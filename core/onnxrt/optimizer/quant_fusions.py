@@ -587,7 +587,8 @@ def _fuse_region(view: GraphView, region: _Region, in_dt: np.dtype) -> None:
         first = nodes[0].name
         lookup = view.make_node("LookupTable", [region.x, view.add_constant(first + "_table", table)],
                                 [sink.outputs[0]], first + "_lookup", domain=ONNXRT_DOMAIN)
-        if view.replace([n for n in nodes if n not in shared], [lookup]):
+        kept = {id(n) for n in shared}
+        if view.replace([n for n in nodes if id(n) not in kept], [lookup]):
             return
 
 
