@@ -96,9 +96,9 @@ def test_saved_optimized_model_is_valid_and_runs_everywhere(name, tmp_path):
 
 
 def _head_size_model(index, starts=None):
-    """x [batch, 6, 8] -> Reshape to [batch, 6, 2, 8 / 2 ...] with the target computed at
-    run time from Shape(x), as exported attention computes its head size: the Gather
-    (or Slice) picks dimension ``index`` of the shape."""
+    """x [batch, 6, 8] -> Reshape(x, [-1, 2, d]) with ``d`` picked from Shape(x) at run
+    time, as exported attention computes its head size: by a Gather of dimension
+    ``index``, or a Slice from ``starts`` to ``starts + 1``."""
     from onnx import TensorProto, helper
 
     nodes = [helper.make_node("Shape", ["x"], ["s"])]
