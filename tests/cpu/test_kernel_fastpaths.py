@@ -389,23 +389,48 @@ def test_integer_products_are_exact_on_either_side_of_the_column_sum_bound(monke
         assert (calls == [k]) is single, calls
 
 
-@pytest.mark.parametrize("shape", [(8192, 16), (96, 24), (7, 16), (1, 64), (5, 3, 32)])
+@pytest.mark.parametrize("shape", [(8192, 16), (96, 24), (7, 16), (1, 64), (5, 3, 32), (1024, 256), (48, 768),
+                                   (3 * 1024, 64), (4, 128, 3072)])
 def test_columns_op_equals_broadcasting(shape):
     """rows.columns_op widens the inner loop by taking rows together with the
-    vector repeated; any row count (odd ones included) gives numpy's broadcast."""
+    vector repeated; any row count (odd ones included) gives numpy's broadcast, in
+    place or into ``out``, with the vector as either operand."""
     from onnxrt_cpu.kernels.rows import columns_op
 
     rng = np.random.default_rng(7)
     x = rng.standard_normal(shape).astype(np.float32)
-    vec = rng.standard_normal(shape[-1]).astype(np.float32)
-    for ufunc in (np.add, np.multiply):
+    vec = rng.standard_normal(shape[-1]).astype(np.float32) + 3
+    for ufunc in (np.add, np.multiply, np.subtract, np.divide):
         y = x.copy()
         columns_op(ufunc, y, vec)
         np.testing.assert_array_equal(y, ufunc(x, vec))
+        out = np.empty_like(x)
+        assert columns_op(ufunc, x, vec, out=out, vec_first=True) is out
+        np.testing.assert_array_equal(out, ufunc(vec, x))
     if x.ndim == 2:
         t = np.asfortranarray(x.copy())  # not C-contiguous (but for one row): numpy's own broadcast
         columns_op(np.add, t, vec)
         np.testing.assert_array_equal(t, x + vec)
+
+
+@pytest.mark.parametrize("op_type", ["Add", "Sub", "Mul", "Div"])
+@pytest.mark.parametrize("shapes", [((64, 256), (256,)), ((256,), (2, 32, 256)), ((4, 96, 768), (1, 1, 768)),
+                                    ((33, 512), (512,))])
+def test_binary_ops_with_a_row_vector_equal_numpy(op_type, shapes):
+    """Add/Sub/Mul/Div of an array and a row (a bias) take the widened loop; the
+    result is numpy's broadcast bit for bit, with the row on either side."""
+    rng = np.random.default_rng(3)
+    a = rng.standard_normal(shapes[0]).astype(np.float32)
+    b = (rng.standard_normal(shapes[1]) + 3).astype(np.float32)
+    g = helper.make_graph([helper.make_node(op_type, ["a", "b"], ["y"])], "g",
+                          [helper.make_tensor_value_info("a", TensorProto.FLOAT, list(a.shape)),
+                           helper.make_tensor_value_info("b", TensorProto.FLOAT, list(b.shape))],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+    got = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"a": a, "b": b})[0]
+    want = {"Add": np.add, "Sub": np.subtract, "Mul": np.multiply, "Div": np.divide}[op_type](a, b)
+    assert got.shape == want.shape
+    np.testing.assert_array_equal(got, want)
 
 
 def test_softmax_goes_straight_to_the_shift_once_a_call_needed_it(monkeypatch):

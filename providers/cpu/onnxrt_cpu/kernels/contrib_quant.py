@@ -41,7 +41,7 @@ from .quantize import (
     int_matmul_f32,
     requantize,
 )
-from .rows import plane_sum
+from .rows import columns_op, plane_sum, row_vector
 from .select import byte_lookup, clip
 
 __all__ = [
@@ -679,7 +679,7 @@ def _bias(y: np.ndarray, bias, what: str) -> np.ndarray:
         raise ValueError(
             f"{what}: bias has shape {bias.shape}, expected ({y.shape[-1]},)"
         )
-    y += bias.astype(y.dtype, copy=False)
+    columns_op(np.add, y, bias.astype(y.dtype, copy=False))
     return y
 
 
@@ -792,5 +792,10 @@ class DynamicQuantizeMatMul(Kernel):
         bl1 = self.b_l1 if self.b_packed is not None else None
         y = int_matmul_f32(A, B, float(max(za, 255 - za)), bmax, bl1)
         cached = self.b_scale
-        y *= sa * (cached[1] if cached is not None and cached[0] is b_scale else _b_scale(b, b_scale))
+        scale = sa * (cached[1] if cached is not None and cached[0] is b_scale else _b_scale(b, b_scale))
+        per_column = row_vector(scale, y)
+        if per_column is not None:
+            columns_op(np.multiply, y, per_column)
+        else:
+            y *= scale
         return (_bias(y, bias, desc),)

@@ -20,7 +20,7 @@ from onnxrt.kernel import Kernel
 from ..parallel import matmul_nd
 from ..registry import op
 from .activation import gelu_erf, swish
-from .rows import SoftmaxRoute, row_mean, row_sum, softmax_rows
+from .rows import SoftmaxRoute, columns_op, row_mean, row_sum, row_vector, softmax_rows
 
 __all__ = [
     "Attention",
@@ -53,7 +53,10 @@ def _bias_add(x, bias, what):
         raise ValueError(
             f"{what}: bias must have shape ({x.shape[-1]},), got {bias.shape}"
         )
-    return x + _work(bias)
+    b = _work(bias)
+    if b.dtype == x.dtype and x.flags.c_contiguous:
+        return columns_op(np.add, x, b, out=np.empty(x.shape, x.dtype))
+    return x + b
 
 
 @op("Gelu", since=1, domain=MS)
@@ -114,10 +117,20 @@ def _layer_norm(v, gamma, beta, eps, simplified):
         var = row_mean(y * y)
         inv = 1.0 / np.sqrt(var + v.dtype.type(eps))
         y *= inv
-    y *= gamma
+    _row_op(np.multiply, y, gamma)
     if beta is not None:
-        y += beta
+        _row_op(np.add, y, beta)
     return y, mean, inv
+
+
+def _row_op(ufunc, y, v):
+    """``ufunc(y, v, out=y)`` for a parameter row ``v`` (:func:`rows.columns_op` where
+    it applies)."""
+    vec = row_vector(v, y) if y.flags.c_contiguous else None
+    if vec is None:
+        ufunc(y, v, out=y)
+    else:
+        columns_op(ufunc, y, vec)
 
 
 class _SkipNorm(Kernel):
@@ -452,7 +465,7 @@ class Attention(Kernel):
                 raise ValueError(
                     f"{name}: bias must have shape ({total_w},), got {bias.shape}"
                 )
-            qkv += _work(bias)
+            _row_op(np.add, qkv, _work(bias))
         q = _heads(qkv[..., :hq], self.n, "Q", name)
         k = _heads(qkv[..., hq : hq + hk], self.n, "K", name)
         v = _heads(qkv[..., hq + hk :], self.n, "V", name)

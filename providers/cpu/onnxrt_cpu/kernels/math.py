@@ -14,6 +14,7 @@ import numpy as np
 from onnxrt.kernel import Kernel
 
 from ..registry import op
+from .rows import columns_op, row_vector
 from .select import _clip as _clip_ufunc
 from .select import clamp
 from .select import where as _blend_where
@@ -284,7 +285,28 @@ def _int_div(a, b):
         return np.floor_divide(a - np.fmod(a, b), b)
 
 
+_UFUNCS = {"Add": np.add, "Sub": np.subtract, "Mul": np.multiply, "Div": np.divide}
+
+
+def _with_row_vector(name, a, b):
+    """``a op b`` where one operand is a row vector (``[N]``, or ``[1, ..., N]``) and the
+    other a larger C-contiguous array ``[..., N]`` of the same type (a bias added to
+    a product's rows): through :func:`rows.columns_op`, whose long inner loop numpy's
+    broadcasting lacks; None for anything else."""
+    if name == "Div" and a.dtype.kind != "f":
+        return None
+    big, vec, first = (a, b, False) if a.size >= b.size else (b, a, True)
+    vec = row_vector(vec, big)
+    if vec is None or not big.flags.c_contiguous:
+        return None
+    return columns_op(_UFUNCS[name], big, vec, out=np.empty(big.shape, big.dtype), vec_first=first)
+
+
 def _binary(xp, name, a, b):
+    if xp is np:
+        y = _with_row_vector(name, a, b)
+        if y is not None:
+            return y
     if name == "Add":
         return xp.add(a, b)
     if name == "Sub":

@@ -22,7 +22,7 @@ import functools
 
 import numpy as np
 
-__all__ = ["SoftmaxRoute", "channels_last", "columns_op", "plane_sum", "row_max", "row_mean", "row_sum", "softmax_rows",
+__all__ = ["SoftmaxRoute", "channels_last", "columns_op", "row_vector", "plane_sum", "row_max", "row_mean", "row_sum", "softmax_rows",
            "unshifted_softmax"]
 
 _BLAS_TYPES = (np.dtype(np.float32), np.dtype(np.float64))
@@ -167,8 +167,15 @@ def softmax_rows(x: np.ndarray, route: SoftmaxRoute | None = None) -> np.ndarray
     return y
 
 
-#: Inner-loop length that :func:`columns_op` widens short rows to.
-_COLUMNS_WIDTH = 1024
+#: Inner-loop length :func:`columns_op` widens rows to: from about 6,000 values numpy
+#: runs a ufunc with a broadcast row as fast as with a scalar, below it each row (or
+#: group of rows) pays a loop setup ([1024, 256] + [256]: 74 us as it is, 63 us with
+#: rows taken four at a time, 38 us eight or more at a time; a scalar multiplication
+#: 38 us).
+_COLUMNS_WIDTH = 8192
+#: Smallest array :func:`columns_op` widens (below it the repeated vector's lookup
+#: costs what the wider loop saves: [256, 64] 6.5 against 6.2 us).
+_COLUMNS_MIN = 8192
 
 
 @functools.lru_cache(maxsize=64)
@@ -178,24 +185,43 @@ def _tiled(data: bytes, dtype: np.dtype, times: int) -> np.ndarray:
     return v
 
 
-def columns_op(ufunc, x: np.ndarray, vec: np.ndarray) -> None:
-    """``ufunc(x, vec, out=x)`` for ``x`` of rows ``[..., M]`` and a vector ``vec``
-    ``[M]`` of ``x``'s type.
+def row_vector(v, x: np.ndarray) -> np.ndarray | None:
+    """``v`` as ``[N]`` where it is a row for :func:`columns_op` on ``x`` ``[..., N]``:
+    of ``x``'s type, ``[N]`` or ``[1, ..., N]`` with no more dimensions than ``x``, and
+    ``x`` larger than one row; else None."""
+    if (not isinstance(v, np.ndarray) or v.dtype != x.dtype or x.ndim < 2 or v.ndim > x.ndim or v.ndim == 0
+            or v.size != v.shape[-1] or v.size != x.shape[-1] or x.size < 2 * v.size):
+        return None
+    return v.reshape(-1)
+
+
+def columns_op(ufunc, x: np.ndarray, vec: np.ndarray, out: np.ndarray | None = None,
+               vec_first: bool = False) -> np.ndarray:
+    """``ufunc(x, vec, out=out)`` (``ufunc(vec, x, ...)`` with ``vec_first``) for ``x``
+    of rows ``[..., M]`` and a vector ``vec`` ``[M]`` of ``x``'s type; ``out`` is ``x``
+    itself unless given (shaped like ``x``). Returns ``out``.
 
     numpy broadcasts ``vec`` with an inner loop of ``M`` values and a loop setup per
-    row, slow for the 16 to 64 channels of a channels-last convolution output. For a
-    C-contiguous ``x``, consecutive rows are taken together here, with ``vec``
-    repeated to match, so that the inner loop is up to :data:`_COLUMNS_WIDTH` values
-    long (8192 rows of 16 channels: 31 us against 70 us for a multiplication).
+    row, slow for the 16 to 64 channels of a channels-last convolution output and
+    still for the 256 to 3072 columns of a transformer's products. For C-contiguous
+    arrays, consecutive rows are taken together here, with ``vec`` repeated to match,
+    so that the inner loop is :data:`_COLUMNS_WIDTH` values or more (8192 rows of 16
+    channels: 73 -> 22 us; [1024, 3072] + [3072]: 996 -> 655 us; a multiplication by
+    a scalar: 16 and 543 us).
     """
+    if out is None:
+        out = x
     m = vec.shape[0]
     rows = x.size // m if m else 0
     times = 1
-    while times * 2 * m <= _COLUMNS_WIDTH and rows % (times * 2) == 0:
-        times *= 2
-    if times == 1 or not x.flags.c_contiguous:
-        ufunc(x, vec, out=x)
-        return
+    if x.size >= _COLUMNS_MIN and x.flags.c_contiguous and out.flags.c_contiguous:
+        while times * m < _COLUMNS_WIDTH and rows % (times * 2) == 0:
+            times *= 2
+    if times == 1:
+        ufunc(vec, x, out=out) if vec_first else ufunc(x, vec, out=out)
+        return out
     wide = _tiled(np.ascontiguousarray(vec).tobytes(), vec.dtype, times)
     flat = x.reshape(-1, m * times)
-    ufunc(flat, wide, out=flat)
+    flat_out = out.reshape(-1, m * times)
+    ufunc(wide, flat, out=flat_out) if vec_first else ufunc(flat, wide, out=flat_out)
+    return out
