@@ -407,14 +407,16 @@ def _fit_mask(view: GraphView, mask: str | None, q_shape, k_shape, heads: int, n
     # [1, 1] then dim 1 of q's shape and of k's
     nodes, parts = [], [view.add_constant(name + "_bias_lead", np.ones(2, np.int64))]
     second = view.add_constant(name + "_bias_axis", np.array([1], np.int64))
-    for src, tag in ((q, "queries"), (k, "keys")):
-        if tag == "keys" and (src == q or k_shape[1] == s):
-            parts.append(parts[-1])  # as many keys as queries (one symbol for both)
-            continue
+
+    def length(src: str, tag: str) -> str:
         sh, dim = view.graph.unique_name(f"{name}_{tag}_shape"), view.graph.unique_name(f"{name}_{tag}")
-        nodes += [view.make_node("Shape", [src], [sh], f"{name}_{tag}_shape"),
-                  view.make_node("Gather", [sh, second], [dim], f"{name}_{tag}", axis=0)]
-        parts.append(dim)
+        nodes.extend([view.make_node("Shape", [src], [sh], f"{name}_{tag}_shape"),
+                      view.make_node("Gather", [sh, second], [dim], f"{name}_{tag}", axis=0)])
+        return dim
+
+    queries = length(q, "queries")
+    # as many keys as queries where K is Q or one symbol names both lengths
+    parts += [queries, queries if k == q or k_shape[1] == s else length(k, "keys")]
     target = view.graph.unique_name(name + "_bias_shape")
     nodes.append(view.make_node("Concat", parts, [target], name + "_bias_shape", axis=0))
     nodes.append(view.make_node("Expand", [mask, target], [out], name + "_expand_bias"))

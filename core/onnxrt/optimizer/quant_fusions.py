@@ -421,20 +421,20 @@ class _Region:
     def _constant(self, name: str, kinds: str = "f") -> np.ndarray | None:
         """A one-element constant (float32, or of ``kinds``), or DQ of constants, that
         broadcasting with ``x`` leaves ``x``'s shape (no more dimensions than it has)."""
-        key = (name, kinds)
-        if key in self.fixed:
-            return self.fixed[key]
-        view = self.view
-        c = view.const(name)
-        n = view.producers.get(name)
-        if c is None and n is not None and n.op_type == "DequantizeLinear" and not n.domain:
-            args = [view.const(i) if i else None for i in n.inputs]
-            if all(a is not None for a, i in zip(args, n.inputs) if i):
-                c = _run_kernel(view.ctx, n, args)
-        if c is not None and (c.size != 1 or c.dtype.kind not in kinds or (c.dtype.kind == "f" and c.dtype != _F32)
-                              or (c.ndim and (self.rank or 0) < c.ndim)):
-            c = None
-        self.fixed[key] = c
+        if name not in self.fixed:
+            view = self.view
+            c = view.const(name)
+            n = view.producers.get(name)
+            if c is None and n is not None and n.op_type == "DequantizeLinear" and not n.domain:
+                args = [view.const(i) if i else None for i in n.inputs]
+                if all(a is not None for a, i in zip(args, n.inputs) if i):
+                    c = _run_kernel(view.ctx, n, args)
+            if c is not None and (c.size != 1 or (c.ndim and (self.rank or 0) < c.ndim)):
+                c = None
+            self.fixed[name] = c  # each name's value worked out once, whatever kinds ask
+        c = self.fixed[name]
+        if c is None or c.dtype.kind not in kinds or (c.dtype.kind == "f" and c.dtype != _F32):
+            return None
         return c
 
     def _joins(self, node) -> bool:

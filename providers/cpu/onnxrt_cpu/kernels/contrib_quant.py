@@ -41,7 +41,7 @@ from .quantize import (
     int_matmul_f32,
     requantize,
 )
-from .rows import columns_op, plane_sum, row_vector
+from .rows import columns_op, plane_sum, row_op
 from .select import byte_lookup, clip
 
 __all__ = [
@@ -793,9 +793,6 @@ class DynamicQuantizeMatMul(Kernel):
         y = int_matmul_f32(A, B, float(max(za, 255 - za)), bmax, bl1)
         cached = self.b_scale
         scale = sa * (cached[1] if cached is not None and cached[0] is b_scale else _b_scale(b, b_scale))
-        per_column = row_vector(scale, y)
-        if per_column is not None:
-            columns_op(np.multiply, y, per_column)
-        else:
+        if row_op(np.multiply, y, scale) is None:  # a scalar scale, or one per batch item
             y *= scale
         return (_bias(y, bias, desc),)

@@ -20,7 +20,7 @@ from onnxrt.kernel import Kernel
 from ..parallel import matmul_nd
 from ..registry import op
 from .activation import gelu_erf, swish
-from .rows import SoftmaxRoute, columns_op, row_mean, row_sum, row_vector, softmax_rows
+from .rows import SoftmaxRoute, columns_op, row_mean, row_op, row_sum, row_vector, softmax_rows
 
 __all__ = [
     "Attention",
@@ -54,9 +54,10 @@ def _bias_add(x, bias, what):
             f"{what}: bias must have shape ({x.shape[-1]},), got {bias.shape}"
         )
     b = _work(bias)
-    if b.dtype == x.dtype and x.flags.c_contiguous:
-        return columns_op(np.add, x, b, out=np.empty(x.shape, x.dtype))
-    return x + b
+    row = row_vector(b, x)
+    if row is None:
+        return x + b
+    return columns_op(np.add, x, row, out=np.empty(x.shape, x.dtype))
 
 
 @op("Gelu", since=1, domain=MS)
@@ -117,20 +118,11 @@ def _layer_norm(v, gamma, beta, eps, simplified):
         var = row_mean(y * y)
         inv = 1.0 / np.sqrt(var + v.dtype.type(eps))
         y *= inv
-    _row_op(np.multiply, y, gamma)
-    if beta is not None:
-        _row_op(np.add, y, beta)
+    if row_op(np.multiply, y, gamma) is None:
+        y *= gamma
+    if beta is not None and row_op(np.add, y, beta) is None:
+        y += beta
     return y, mean, inv
-
-
-def _row_op(ufunc, y, v):
-    """``ufunc(y, v, out=y)`` for a parameter row ``v`` (:func:`rows.columns_op` where
-    it applies)."""
-    vec = row_vector(v, y) if y.flags.c_contiguous else None
-    if vec is None:
-        ufunc(y, v, out=y)
-    else:
-        columns_op(ufunc, y, vec)
 
 
 class _SkipNorm(Kernel):
@@ -465,7 +457,9 @@ class Attention(Kernel):
                 raise ValueError(
                     f"{name}: bias must have shape ({total_w},), got {bias.shape}"
                 )
-            _row_op(np.add, qkv, _work(bias))
+            b = _work(bias)
+            if row_op(np.add, qkv, b) is None:
+                qkv += b
         q = _heads(qkv[..., :hq], self.n, "Q", name)
         k = _heads(qkv[..., hq : hq + hk], self.n, "K", name)
         v = _heads(qkv[..., hq + hk :], self.n, "V", name)

@@ -15,7 +15,7 @@ from onnxrt.kernel import Kernel
 
 from ..parallel import matmul_nd
 from ..registry import op
-from .rows import columns_op, row_vector
+from .rows import row_op
 
 __all__ = ["MatMul", "Gemm", "FusedMatMul"]
 
@@ -126,10 +126,7 @@ class Gemm(Kernel):
             if c.ndim > 2 or any(d not in (1, t) for d, t in zip(c.shape[::-1], (n, m))):
                 raise ValueError(f"{desc}: C of shape {c.shape} does not broadcast to the output shape {y.shape}")
             if self.c_packed is not None and self.c_packed.shape == c.shape and self.c_packed.dtype == cdt:
-                row = row_vector(self.c_packed, y)  # a bias: one long loop over the rows
-                if row is not None:
-                    columns_op(np.add, y, row)
-                else:
+                if row_op(np.add, y, self.c_packed) is None:  # a bias row: one long loop
                     y += self.c_packed
             elif cdt.kind == "f":
                 cc = _as_compute(c, cdt)

@@ -296,10 +296,10 @@ def _with_row_vector(name, a, b):
     if name == "Div" and a.dtype.kind != "f":
         return None
     big, vec, first = (a, b, False) if a.size >= b.size else (b, a, True)
-    vec = row_vector(vec, big)
-    if vec is None or not big.flags.c_contiguous:
+    row = row_vector(vec, big)
+    if row is None:
         return None
-    return columns_op(_UFUNCS[name], big, vec, out=np.empty(big.shape, big.dtype), vec_first=first)
+    return columns_op(_UFUNCS[name], big, row, out=np.empty(big.shape, big.dtype), vec_first=first)
 
 
 def _binary(xp, name, a, b):

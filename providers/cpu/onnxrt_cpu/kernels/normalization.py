@@ -16,7 +16,7 @@ from onnxrt.dtypes import np_dtype
 from onnxrt.kernel import Kernel
 
 from ..registry import op
-from .rows import columns_op, row_mean, row_vector
+from .rows import row_mean, row_op
 
 
 def _work_dtype(*dts) -> np.dtype:
@@ -178,14 +178,10 @@ class LayerNormalization(Kernel):
         y = y.reshape(x.shape)
         y = y.astype(x.dtype, copy=False) if x.dtype != cdt else y
         # (y is this run's own array: scaled in place where the result keeps its type)
-        vec = row_vector(scale, y) if y.flags.c_contiguous else None
-        y = columns_op(np.multiply, y, vec) if vec is not None else y * scale
-        if b is not None:
-            vec = row_vector(b, y) if y.flags.c_contiguous else None
-            if vec is not None:
-                columns_op(np.add, y, vec)
-            else:
-                y += b
+        scaled = row_op(np.multiply, y, scale)
+        y = scaled if scaled is not None else y * scale
+        if b is not None and row_op(np.add, y, b) is None:
+            y += b
         y = y.astype(x.dtype, copy=False)
         if self.n_out == 1:
             return (y,)

@@ -22,8 +22,8 @@ import functools
 
 import numpy as np
 
-__all__ = ["SoftmaxRoute", "channels_last", "columns_op", "row_vector", "plane_sum", "row_max", "row_mean", "row_sum", "softmax_rows",
-           "unshifted_softmax"]
+__all__ = ["SoftmaxRoute", "channels_last", "columns_op", "plane_sum", "row_max", "row_mean", "row_op", "row_sum",
+           "row_vector", "softmax_rows", "unshifted_softmax"]
 
 _BLAS_TYPES = (np.dtype(np.float32), np.dtype(np.float64))
 # rows of at most this many values are maximized through the transposed copy
@@ -225,3 +225,10 @@ def columns_op(ufunc, x: np.ndarray, vec: np.ndarray, out: np.ndarray | None = N
     flat_out = out.reshape(-1, m * times)
     ufunc(wide, flat, out=flat_out) if vec_first else ufunc(flat, wide, out=flat_out)
     return out
+
+
+def row_op(ufunc, x: np.ndarray, v, out: np.ndarray | None = None, vec_first: bool = False) -> np.ndarray | None:
+    """:func:`columns_op` where ``v`` is a row of ``x`` (:func:`row_vector`): ``out``
+    (``x`` itself unless given); None where it is not, and nothing was computed."""
+    vec = row_vector(v, x)
+    return None if vec is None else columns_op(ufunc, x, vec, out=out, vec_first=vec_first)
