@@ -352,6 +352,64 @@ def test_dynamic_chain_not_fused_when_an_intermediate_is_read_elsewhere():
     assert ops(session(m, ALL))["MatMulInteger"] == 1
 
 
+def _dynamic_attention_model(wtype=np.int8, shared=None):
+    """``QAttention(DynamicQuantizeLinear(x))`` as quantize_dynamic writes it for BERT
+    (two heads of 4, a key mask); ``shared`` names a DynamicQuantizeLinear output that
+    is also a graph output."""
+    rng = np.random.default_rng(7)
+    lo, hi = (-127, 128) if wtype == np.int8 else (0, 256)
+    inits = {"w": rng.integers(lo, hi, (8, 24)).astype(wtype), "wz": np.array(3, wtype),
+             "ws": np.linspace(0.002, 0.01, 24).astype(np.float32),
+             "bias": rng.standard_normal(24).astype(np.float32)}
+    nodes = [
+        helper.make_node("DynamicQuantizeLinear", ["x"], ["xq", "xs", "xz"]),
+        helper.make_node("QAttention", ["xq", "w", "bias", "xs", "ws", "mask", "xz", "wz"], ["y"],
+                         domain="com.microsoft", num_heads=2),
+    ]
+    outs = [vi("y", None)] + ([vi(shared, None, TensorProto.UNDEFINED)] if shared else [])
+    m = model(nodes, [vi("x", [3, 5, 8]), vi("mask", [3], TensorProto.INT32)], outs, inits.items(), opset=13)
+    m.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+    return m
+
+
+def _attention_feeds():
+    rng = np.random.default_rng(8)
+    return {"x": (rng.standard_normal((3, 5, 8)) * 2).astype(np.float32), "mask": np.array([5, 3, 4], np.int32)}
+
+
+@pytest.mark.parametrize("wtype", [np.int8, np.uint8])
+def test_dynamically_quantized_attention_input_is_fused(wtype):
+    m = _dynamic_attention_model(wtype)
+    fused = session(m, ALL)
+    counts = ops(fused)
+    assert counts["ai.onnxrt:DynamicQuantizeAttention"] == 1, counts
+    assert "DynamicQuantizeLinear" not in counts and "com.microsoft:QAttention" not in counts
+    feeds = _attention_feeds()
+    got = fused.run(None, feeds)[0]
+    # the same uint8 codes and integer products: bit for bit the two ops' result
+    np.testing.assert_array_equal(got, session(m, ALL, disabled=["dynamic_quant_attention_fusion"]).run(None, feeds)[0])
+    ref = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("shared", ["xq", "xs", "xz"])
+def test_dynamically_quantized_attention_kept_when_its_quantization_is_read_elsewhere(shared):
+    counts = ops(session(_dynamic_attention_model(shared=shared), ALL))
+    assert counts["com.microsoft:QAttention"] == 1 and counts["DynamicQuantizeLinear"] == 1, counts
+
+
+def test_dynamic_quantize_attention_refuses_a_non_float_input():
+    nodes = [helper.make_node("DynamicQuantizeAttention", ["x", "w", "", "", "ws"], ["y"], domain="ai.onnxrt",
+                              num_heads=1)]
+    m = helper.make_model(
+        helper.make_graph(nodes, "g", [vi("x", [1, 2, 4], TensorProto.DOUBLE)], [vi("y", None)],
+                          initializer=[onnx.numpy_helper.from_array(np.ones((4, 3), np.int8), "w"),
+                                       onnx.numpy_helper.from_array(np.float32(0.1), "ws")]),
+        opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("ai.onnxrt", 1)], ir_version=10)
+    with pytest.raises(Exception, match="input must be float32"):
+        session(m, OFF).run(None, {"x": np.ones((1, 2, 4))})
+
+
 # -- models quantized by onnxruntime.quantization -------------------------------------
 
 

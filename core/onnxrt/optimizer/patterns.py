@@ -22,7 +22,8 @@ from ..types import shape_of
 __all__ = ["MS_DOMAIN", "ONNXRT_DOMAIN", "GraphView"]
 
 MS_DOMAIN = "com.microsoft"
-#: onnxrt's own ops, which only its fusions make (``LookupTable``)
+#: onnxrt's own ops, which only its fusions make (``LookupTable``,
+#: ``DynamicQuantizeAttention``)
 ONNXRT_DOMAIN = "ai.onnxrt"
 
 

@@ -48,6 +48,7 @@ from onnx import TensorProto
 from .patterns import MS_DOMAIN, ONNXRT_DOMAIN, GraphView
 
 __all__ = [
+    "dynamic_quant_attention_fusion",
     "dynamic_quant_matmul_fusion",
     "qdq_binary_fusion",
     "qdq_constant_folding",
@@ -666,6 +667,31 @@ def dynamic_quant_matmul_fusion(graph, ctx) -> bool:
     return view.finish()
 
 
+def dynamic_quant_attention_fusion(graph, ctx) -> bool:
+    """``QAttention(DynamicQuantizeLinear(x))`` -> onnxrt's ``DynamicQuantizeAttention``
+    (``ai.onnxrt``), which quantizes the float32 input itself: what
+    ``onnxruntime.quantization.quantize_dynamic`` writes before every attention layer
+    of a BERT model, fused as :func:`dynamic_quant_matmul_fusion` fuses it before a
+    MatMul. The quantized input, its scale and its zero point must be QAttention's
+    inputs 0, 3 and 6 and read nowhere else; those two inputs are left empty."""
+    view = GraphView(graph, ctx)
+    for att in view.candidates("QAttention", MS_DOMAIN):
+        ins = list(att.inputs) + [""] * (7 - len(att.inputs))
+        dql = view.producer(ins[0], "DynamicQuantizeLinear")
+        if dql is None or dql.provider != att.provider or len(dql.outputs) != 3:
+            continue
+        if (ins[3], ins[6]) != (dql.outputs[1], dql.outputs[2]):
+            continue
+        if ins[0] in (ins[1], ins[2]) or not all(view.internal(o, [dql, att]) for o in dql.outputs):
+            continue
+        inputs = [dql.inputs[0]] + ins[1:3] + [""] + ins[4:6] + [""] + ins[7:]
+        fused = view.make_node("DynamicQuantizeAttention", _trim(inputs), att.outputs, att.name,
+                               domain=ONNXRT_DOMAIN)
+        fused.attrs.update(att.attrs)
+        view.replace([dql, att], [fused])
+    return view.finish()
+
+
 def qdq_constant_folding(graph, ctx) -> bool:
     """Constant folding, DequantizeLinear of constants included (after the fusions
     above took the ones they could use)."""
@@ -704,4 +730,5 @@ def register(reg) -> None:
     reg.add("qdq_pool_fusion", qdq_pool_fusion, extended)
     reg.add("qdq_drop_fusion", qdq_drop_fusion, extended)
     reg.add("dynamic_quant_matmul_fusion", dynamic_quant_matmul_fusion, extended)
+    reg.add("dynamic_quant_attention_fusion", dynamic_quant_attention_fusion, extended)
     reg.add("qdq_constant_folding", qdq_constant_folding, extended)

@@ -8,11 +8,11 @@ from __future__ import annotations
 import numpy as np
 
 from ..registry import op
-from .contrib_quant import _center_b, _check_q, _col_param, _scalar, _zp
+from .contrib_quant import _center_b, _check_q, _col_param, _dynamic_centred, _scalar, _zp
 from .contrib_transformer import Attention, EmbedLayerNormalization, _no_rotary
 from .quantize import _center, absmax, centred_bound, column_l1, int_matmul_f32
 
-__all__ = ["QAttention", "QEmbedLayerNormalization"]
+__all__ = ["DynamicQuantizeAttention", "QAttention", "QEmbedLayerNormalization"]
 
 MS = "com.microsoft"
 _F32 = np.dtype(np.float32)
@@ -62,15 +62,45 @@ class QAttention(Attention):
             else _center_b(weight, weight_zero_point)
         )
         A = _center(x, np.asarray(_zp(input_zero_point, x.dtype)), False, _F32)
+        return self._project(A, centred_bound(x.dtype, input_zero_point), _scalar(input_scale, "input_scale"),
+                             W, hq, hk, bias, weight_scale, mask_index, past)
+
+    def _project(self, A, a_bound, a_scale, W, hq, hk, bias, weight_scale, mask_index, past):
+        """Attention from the centred 8-bit input ``A`` (exact float32, ``|A| <=
+        a_bound``) and its scale: the exact integer product, scaled, then attended."""
         wmax, wl1 = (self.w_max, self.w_l1) if self.w_packed is not None else (None, None)
-        qkv = int_matmul_f32(A, W, centred_bound(x.dtype, input_zero_point), wmax, wl1)
+        qkv = int_matmul_f32(A, W, a_bound, wmax, wl1)
         cached = self.w_scale
         if cached is not None and cached[0] is weight_scale:
             ws = cached[1]
         else:
             ws = _col_param(weight_scale, W.shape[1], "weight_scale").astype(_F32)
-        qkv *= _scalar(input_scale, "input_scale") * ws
+        qkv *= a_scale * ws
         return self.attend(qkv, hq, hk, bias, mask_index, past, None, _F32)
+
+
+@op("DynamicQuantizeAttention", since=1, domain="ai.onnxrt", accepts=_no_rotary)
+class DynamicQuantizeAttention(QAttention):
+    """onnxrt's own op for ``QAttention(DynamicQuantizeLinear(x))``, which
+    ``onnxruntime.quantization.quantize_dynamic`` writes for every attention layer of a
+    BERT model: the float32 input is quantized to uint8 from its own range inside the
+    op, as DynamicQuantizeMatMul does for a MatMul. The inputs are QAttention's, with
+    the input scale and zero point (inputs 3 and 6) empty; the results are bitwise
+    those of the two ops, without the uint8 tensor between them and its second pass
+    (made only by the ``dynamic_quant_attention_fusion`` transform)."""
+
+    def run(self, x, weight, bias, input_scale=None, weight_scale=None, mask_index=None, input_zero_point=None,
+            weight_zero_point=None, past=None):
+        desc = self.node.describe()
+        if x.dtype != _F32:
+            raise ValueError(f"{desc}: input must be float32, got {x.dtype}")
+        if weight_scale is None:
+            raise ValueError(f"{desc}: weight_scale is required")
+        hq, hk = self.split_sizes(x, weight)
+        W = self.w_packed if self.w_packed is not None else _center_b(weight, weight_zero_point)
+        # q - zero point of DynamicQuantizeLinear's uint8 result, exactly
+        A, scale, zp = _dynamic_centred(x)
+        return self._project(A, float(max(zp, 255 - zp)), scale, W, hq, hk, bias, weight_scale, mask_index, past)
 
 
 @op("QEmbedLayerNormalization", since=1, domain=MS)
