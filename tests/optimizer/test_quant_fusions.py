@@ -352,7 +352,7 @@ def test_dynamic_chain_not_fused_when_an_intermediate_is_read_elsewhere():
     assert ops(session(m, ALL))["MatMulInteger"] == 1
 
 
-def _dynamic_attention_model(wtype=np.int8, shared=None):
+def _dynamic_attention_model(wtype=np.int8, shared=None, weight_scale="ws"):
     """``QAttention(DynamicQuantizeLinear(x))`` as quantize_dynamic writes it for BERT
     (two heads of 4, a key mask); ``shared`` names a DynamicQuantizeLinear output that
     is also a graph output."""
@@ -363,7 +363,7 @@ def _dynamic_attention_model(wtype=np.int8, shared=None):
              "bias": rng.standard_normal(24).astype(np.float32)}
     nodes = [
         helper.make_node("DynamicQuantizeLinear", ["x"], ["xq", "xs", "xz"]),
-        helper.make_node("QAttention", ["xq", "w", "bias", "xs", "ws", "mask", "xz", "wz"], ["y"],
+        helper.make_node("QAttention", ["xq", "w", "bias", "xs", weight_scale, "mask", "xz", "wz"], ["y"],
                          domain="com.microsoft", num_heads=2),
     ]
     outs = [vi("y", None)] + ([vi(shared, None, TensorProto.UNDEFINED)] if shared else [])
@@ -396,6 +396,16 @@ def test_dynamically_quantized_attention_input_is_fused(wtype):
 def test_dynamically_quantized_attention_kept_when_its_quantization_is_read_elsewhere(shared):
     counts = ops(session(_dynamic_attention_model(shared=shared), ALL))
     assert counts["com.microsoft:QAttention"] == 1 and counts["DynamicQuantizeLinear"] == 1, counts
+
+
+def test_dynamically_quantized_attention_kept_when_it_reads_the_scale_twice():
+    # the input's scale as the weight's scale too: the fused op would lose it
+    m = _dynamic_attention_model(weight_scale="xs")
+    counts = ops(session(m, ALL))
+    assert counts["com.microsoft:QAttention"] == 1 and counts["DynamicQuantizeLinear"] == 1, counts
+    feeds = _attention_feeds()
+    ref = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    np.testing.assert_allclose(session(m, ALL).run(None, feeds)[0], ref, rtol=1e-5, atol=1e-5)
 
 
 def test_dynamic_quantize_attention_refuses_a_non_float_input():

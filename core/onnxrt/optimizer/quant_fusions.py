@@ -680,9 +680,10 @@ def dynamic_quant_attention_fusion(graph, ctx) -> bool:
         dql = view.producer(ins[0], "DynamicQuantizeLinear")
         if dql is None or dql.provider != att.provider or len(dql.outputs) != 3:
             continue
-        if (ins[3], ins[6]) != (dql.outputs[1], dql.outputs[2]):
+        # each of the three read once, where QAttention takes it, and by nothing else
+        if [(i, n) for i, n in enumerate(att.inputs) if n in dql.outputs] != list(zip((0, 3, 6), dql.outputs)):
             continue
-        if ins[0] in (ins[1], ins[2]) or not all(view.internal(o, [dql, att]) for o in dql.outputs):
+        if not all(view.internal(o, [dql, att]) for o in dql.outputs):
             continue
         inputs = [dql.inputs[0]] + ins[1:3] + [""] + ins[4:6] + [""] + ins[7:]
         fused = view.make_node("DynamicQuantizeAttention", _trim(inputs), att.outputs, att.name,
