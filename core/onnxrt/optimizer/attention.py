@@ -37,7 +37,7 @@ from __future__ import annotations
 import numpy as np
 
 from .fuse_transformer import other_input
-from .patterns import MS_DOMAIN, GraphView
+from .patterns import MS_DOMAIN, GraphView, trim_inputs
 
 __all__ = ["attention_fusion"]
 
@@ -325,9 +325,7 @@ def attention_fusion(graph, ctx) -> bool:
             if fitted is None:
                 continue
             mask, expand = fitted
-            inputs = [qv, kv, vv, bias, "", mask or ""]
-            while inputs and not inputs[-1]:
-                inputs.pop()
+            inputs = trim_inputs([qv, kv, vv, bias, "", mask or ""])
             node = view.make_node("MultiHeadAttention", inputs, [out], sm.name + "_mha", domain=MS_DOMAIN,
                                   num_heads=n, scale=float(scale if scale is not None else 1.0))
             old = bias_nodes + qn + kn + vn + score_nodes + [sm, pv] + tail
@@ -348,7 +346,7 @@ def attention_fusion(graph, ctx) -> bool:
             if fitted is None:
                 continue
             mask, expand = fitted
-            inputs = _trim([x, w, b, "", "", mask or ""])
+            inputs = trim_inputs([x, w, b, "", "", mask or ""])
             node = view.make_node("Attention", inputs, [out], sm.name + "_attention", domain=MS_DOMAIN,
                                   num_heads=n, scale=scale)
             view.replace(_unique(proj_nodes + packed_nodes + score_nodes + [sm, pv] + tail), expand + [node])
@@ -363,18 +361,10 @@ def attention_fusion(graph, ctx) -> bool:
         parts = [view.graph.unique_name(f"{sm.name}_{p}") for p in "qkv"]
         sizes = view.add_constant(sm.name + "_qkv_sizes", np.array([d, d, d], np.int64))
         split = view.make_node("Split", [qkv, sizes], parts, sm.name + "_qkv_split", axis=-1)
-        node = view.make_node("MultiHeadAttention", _trim(parts + ["", "", mask or ""]), [out], sm.name + "_mha",
+        node = view.make_node("MultiHeadAttention", trim_inputs(parts + ["", "", mask or ""]), [out], sm.name + "_mha",
                               domain=MS_DOMAIN, num_heads=n, scale=scale)
         view.replace(_unique(packed_nodes + score_nodes + [sm, pv] + tail), expand + [split, node])
     return view.finish()
-
-
-def _trim(inputs: list) -> list:
-    """Inputs without trailing empty (omitted optional) names."""
-    inputs = list(inputs)
-    while inputs and not inputs[-1]:
-        inputs.pop()
-    return inputs
 
 
 def _fit_mask(view: GraphView, mask: str | None, q_shape, k_shape, heads: int, name: str, q: str, k: str):

@@ -19,12 +19,21 @@ from onnx import helper
 
 from ..types import shape_of
 
-__all__ = ["MS_DOMAIN", "ONNXRT_DOMAIN", "GraphView"]
+__all__ = ["MS_DOMAIN", "ONNXRT_DOMAIN", "GraphView", "trim_inputs"]
 
 MS_DOMAIN = "com.microsoft"
 #: onnxrt's own ops, which only its fusions make (``LookupTable``,
 #: ``DynamicQuantizeAttention``)
 ONNXRT_DOMAIN = "ai.onnxrt"
+
+
+def trim_inputs(inputs) -> list:
+    """``inputs`` without trailing empty (omitted optional) names, as a fused node
+    lists them."""
+    inputs = list(inputs)
+    while inputs and not inputs[-1]:
+        inputs.pop()
+    return inputs
 
 
 class GraphView:

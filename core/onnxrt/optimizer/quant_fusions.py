@@ -45,7 +45,7 @@ from dataclasses import dataclass
 import numpy as np
 from onnx import TensorProto
 
-from .patterns import MS_DOMAIN, ONNXRT_DOMAIN, GraphView
+from .patterns import MS_DOMAIN, ONNXRT_DOMAIN, GraphView, trim_inputs
 
 __all__ = [
     "dynamic_quant_attention_fusion",
@@ -63,6 +63,7 @@ __all__ = [
 
 _F32 = np.dtype(np.float32)
 _BYTE_TYPES = (np.dtype(np.uint8), np.dtype(np.int8))
+_BYTE_ELEM_TYPES = {TensorProto.INT8: np.dtype(np.int8), TensorProto.UINT8: np.dtype(np.uint8)}
 #: ops that only move or select values: quantized before or after, the integers agree
 _DATA_MOVEMENT = {"MaxPool", "Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze", "Slice", "Split", "Gather"}
 
@@ -166,14 +167,6 @@ def _zp_input(view: GraphView, q: _Quant, base: str) -> str | None:
     if dt is None:
         return None
     return view.add_constant(base + "_zero_point", np.zeros((), dtype=dt))
-
-
-def _trim(inputs: list) -> list:
-    """Inputs without trailing empty (omitted optional) names."""
-    inputs = list(inputs)
-    while inputs and not inputs[-1]:
-        inputs.pop()
-    return inputs
 
 
 def _scalar_of(a: np.ndarray) -> float:
@@ -307,7 +300,7 @@ def qdq_gemm_fusion(graph, ctx) -> bool:
             inputs += [y.scale, _zp_input(view, y, gemm.name)]
             old.append(y.node)
             out = y.value
-        fused = view.make_node("QGemm", _trim(inputs), [out], gemm.name, domain=MS_DOMAIN,
+        fused = view.make_node("QGemm", trim_inputs(inputs), [out], gemm.name, domain=MS_DOMAIN,
                                alpha=float(gemm.attr("alpha", 1.0)), transB=int(gemm.attr("transB", 0)))
         view.replace(old, [fused])
     return view.finish()
@@ -554,7 +547,7 @@ def qdq_lookup_fusion(graph, ctx) -> bool:
 def _byte_type(view: GraphView, node, i: int) -> np.dtype | None:
     """The 8-bit type of ``node``'s input ``i``, or None: as inferred, else from the
     zero point that goes with it (contrib ops' outputs have no inferred type)."""
-    dt = {TensorProto.INT8: np.dtype(np.int8), TensorProto.UINT8: np.dtype(np.uint8)}.get(view.elem_type(node.inputs[i]))
+    dt = _BYTE_ELEM_TYPES.get(view.elem_type(node.inputs[i]))
     if dt is not None:
         return dt
     if node.op_type == "DequantizeLinear":
@@ -657,11 +650,11 @@ def dynamic_quant_matmul_fusion(graph, ctx) -> bool:
         # x's quantization is fused too when nothing else reads it
         whole = old + [dql]
         if all(view.internal(o, whole) for o in dql.outputs):
-            fused = view.make_node("DynamicQuantizeMatMul", _trim([dql.inputs[0], ins[1], ws_name, wzp, bias]), [out],
-                                   mmi.name, domain=MS_DOMAIN)
+            inputs = trim_inputs([dql.inputs[0], ins[1], ws_name, wzp, bias])
+            fused = view.make_node("DynamicQuantizeMatMul", inputs, [out], mmi.name, domain=MS_DOMAIN)
             if view.replace(whole, [fused]):
                 continue
-        fused = view.make_node("MatMulIntegerToFloat", _trim([xq, ins[1], xs, ws_name, xzp, wzp, bias]), [out],
+        fused = view.make_node("MatMulIntegerToFloat", trim_inputs([xq, ins[1], xs, ws_name, xzp, wzp, bias]), [out],
                                mmi.name, domain=MS_DOMAIN)
         view.replace(old, [fused])
     return view.finish()
@@ -686,7 +679,7 @@ def dynamic_quant_attention_fusion(graph, ctx) -> bool:
         if not all(view.internal(o, [dql, att]) for o in dql.outputs):
             continue
         inputs = [dql.inputs[0]] + ins[1:3] + [""] + ins[4:6] + [""] + ins[7:]
-        fused = view.make_node("DynamicQuantizeAttention", _trim(inputs), att.outputs, att.name,
+        fused = view.make_node("DynamicQuantizeAttention", trim_inputs(inputs), att.outputs, att.name,
                                domain=ONNXRT_DOMAIN)
         fused.attrs.update(att.attrs)
         view.replace([dql, att], [fused])
