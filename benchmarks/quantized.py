@@ -11,7 +11,9 @@ The models are made here from the test models in ``tests/models/data``:
   (calibrated on seeded random data);
 * the BERT-like ``bert_tiny.onnx`` rewritten by ``onnxruntime.transformers`` into
   com.microsoft ops (EmbedLayerNormalization, Attention, SkipLayerNormalization, ...),
-  and that model quantized dynamically (QAttention, QEmbedLayerNormalization, ...).
+  and that model quantized dynamically (QAttention, QEmbedLayerNormalization, ...);
+* the transformer encoder with 4-bit weights (``MatMulNBitsQuantizer``: MatMulNBits);
+* the bidirectional LSTM tagger quantized dynamically (DynamicQuantizeLSTM).
 
 For each model it prints the median latency of both engines over ``--repeat`` runs
 (after warm-up; the two engines' runs alternate, so that background load on a shared
@@ -41,6 +43,8 @@ def _feeds(model: str, batch: int):
         return {"image": rng.standard_normal((batch, 3, 64, 64)).astype(np.float32)}
     if model == "transformer_encoder":
         return {"input_ids": rng.integers(0, 100, (batch, 32)).astype(np.int64)}
+    if model == "lstm_tagger":
+        return {"input_ids": rng.integers(0, 500, (batch, 32)).astype(np.int64)}
     return {
         "input_ids": rng.integers(0, 120, (batch, 32)).astype(np.int64),
         "attention_mask": np.ones((batch, 32), np.int64),
@@ -110,6 +114,24 @@ def make_models(folder: Path) -> list[tuple[str, Path, str]]:
         extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT},
     )
     out.append(("bert_tiny contrib ops, dynamic int8", bert_q, "bert_tiny"))
+    # onnxruntime's 4-bit weight-only quantization: every MatMul a MatMulNBits
+    from onnxruntime.quantization.matmul_nbits_quantizer import (
+        DefaultWeightOnlyQuantConfig,
+        MatMulNBitsQuantizer,
+    )
+
+    nbits = folder / "transformer_encoder_nbits.onnx"
+    quantizer = MatMulNBitsQuantizer(
+        onnx.load(str(DATA / "transformer_encoder.onnx")),
+        algo_config=DefaultWeightOnlyQuantConfig(block_size=32, is_symmetric=False),
+    )
+    quantizer.process()
+    quantizer.model.save_model_to_file(str(nbits), False)
+    out.append(("transformer_encoder 4-bit MatMulNBits", nbits, "transformer_encoder"))
+    # a bidirectional two-layer LSTM tagger: quantize_dynamic writes DynamicQuantizeLSTM
+    lstm_q = folder / "lstm_tagger_dynamic.onnx"
+    quantize_dynamic(str(DATA / "lstm_tagger.onnx"), str(lstm_q))
+    out.append(("lstm_tagger dynamic (DynamicQuantizeLSTM)", lstm_q, "lstm_tagger"))
     logging.disable(logging.NOTSET)
     return out
 
@@ -179,7 +201,7 @@ def main(argv=None) -> int:
             rows.append((label, ours, ref, ours / ref))
             if not args.markdown:
                 print(
-                    f"{label:32s} onnxrt {ours:8.2f} ms   onnxruntime {ref:8.2f} ms   ratio {ours / ref:5.2f}"
+                    f"{label:42s} onnxrt {ours:8.2f} ms   onnxruntime {ref:8.2f} ms   ratio {ours / ref:5.2f}"
                 )
     if args.markdown:
         print(

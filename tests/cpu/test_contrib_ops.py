@@ -1090,20 +1090,8 @@ def test_bert_optimized_into_contrib_ops_matches_onnxruntime(
 # -- DynamicQuantizeLSTM --------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    "direction,per_column,threads",
-    [
-        ("forward", False, 1),
-        ("forward", False, 2),
-        ("bidirectional", True, 2),
-        ("reverse", True, 3),
-    ],
-)
-def test_dynamic_quantize_lstm(direction, per_column, threads):
-    # onnxruntime quantizes the hidden state in groups of ceil(batch / threads) rows:
-    # at equal thread counts the two engines agree to float32 rounding
+def _dq_lstm_inputs(direction, per_column, s=6, b=5, i=10, h=8, states=False, o_bias=None):
     d = 2 if direction == "bidirectional" else 1
-    s, b, i, h = 6, 5, 10, 8
     w = q8(np.int8, d, i, 4 * h)
     r = q8(np.int8, d, h, 4 * h)
     shape = (d, 4 * h) if per_column else (d,)
@@ -1113,32 +1101,86 @@ def test_dynamic_quantize_lstm(direction, per_column, threads):
     )
     wz, rz = np.zeros(shape, np.int8), np.zeros(shape, np.int8)
     bias = f32(d, 8 * h, scale=0.1)
-    x = f32(s, b, i)
-    inputs = {
-        "x": x,
+    if o_bias is not None:
+        bias[:, h : 2 * h] = o_bias  # gates i, o, f, c
+    return {
+        "x": f32(s, b, i),
         "w": w,
         "r": r,
         "b": bias,
         "sl": None,
-        "h0": None,
-        "c0": None,
+        "h0": f32(d, b, h) if states else None,
+        "c0": f32(d, b, h) if states else None,
         "p": None,
         "ws": ws,
         "wz": wz,
         "rs": rs,
         "rz": rz,
     }
-    got, exp = run_both(
+
+
+def _run_dq_lstm(inputs, direction, threads):
+    return run_both(
         "DynamicQuantizeLSTM",
         inputs,
         outputs=("y", "yh", "yc"),
         out_types=[np.float32] * 3,
         inits=("w", "r", "b", "ws", "wz", "rs", "rz"),
-        hidden_size=h,
+        hidden_size=inputs["r"].shape[1],
         direction=direction,
         threads=threads,
     )
+
+
+@pytest.mark.parametrize(
+    "direction,per_column,threads,states",
+    [
+        ("forward", False, 1, False),
+        ("forward", False, 2, False),
+        ("bidirectional", True, 2, False),
+        ("reverse", True, 3, False),
+        ("bidirectional", False, 2, True),
+        ("reverse", False, 4, True),
+    ],
+)
+def test_dynamic_quantize_lstm(direction, per_column, threads, states):
+    # onnxruntime quantizes the hidden state in groups of ceil(batch / threads) rows:
+    # at equal thread counts the two engines agree to float32 rounding (batch 5: a
+    # last group of fewer rows at 2, 3 and 4 threads)
+    inputs = _dq_lstm_inputs(direction, per_column, states=states)
+    got, exp = _run_dq_lstm(inputs, direction, threads)
     assert_same(got, exp, rtol=1e-5, atol=1e-5)
+
+
+def test_dynamic_quantize_lstm_closed_output_gate():
+    # an output gate shut by its bias leaves the hidden state zero at every step: a
+    # range of zero (scale 1, zero point 0) in every group, step after step
+    inputs = _dq_lstm_inputs("bidirectional", False, o_bias=-100.0)
+    got, exp = _run_dq_lstm(inputs, "bidirectional", 2)
+    assert_same(got, exp, rtol=1e-5, atol=1e-5)
+    assert not got[0].any() and got[2].any()
+
+
+def test_dynamic_quantize_lstm_checked_steps_equal_the_unchecked_ones(monkeypatch):
+    # the time loop leaves each step's scales unchecked and checks them all after it;
+    # when that check fails the loop runs again quantizing group by group. A check
+    # that always fails must give the same outputs, bit for bit
+    from onnxrt_cpu.kernels import contrib_quant_lstm
+
+    inputs = _dq_lstm_inputs("bidirectional", True, s=7, b=6, states=True)
+    names = [n if v is not None else "" for n, v in inputs.items()]
+    node = helper.make_node("DynamicQuantizeLSTM", names, ["y", "yh", "yc"], domain=MS, hidden_size=8,
+                            direction="bidirectional")
+    inits = {k: v for k, v in inputs.items() if v is not None and k not in ("x", "h0", "c0")}
+    feeds = {k: inputs[k] for k in ("x", "h0", "c0")}
+    model = _model(node, feeds, [np.float32] * 3, inits).SerializeToString()
+    so = onnxrt.SessionOptions()
+    so.intra_op_num_threads = 2
+    fast = onnxrt.InferenceSession(model, so, providers=["CPUExecutionProvider"]).run(None, feeds)
+    monkeypatch.setattr(contrib_quant_lstm, "_F32_TINY", 1e30)
+    checked = onnxrt.InferenceSession(model, so, providers=["CPUExecutionProvider"]).run(None, feeds)
+    for a, b in zip(fast, checked):
+        np.testing.assert_array_equal(a, b)
 
 
 def test_bert_optimized_then_dynamically_quantized(tmp_path):
@@ -1249,3 +1291,23 @@ def test_qattention(per_column):
         "QAttention", inputs, inits=("w", "bias", "wsc", "wz"), num_heads=n
     )
     assert_same(got, exp, rtol=1e-4, atol=1e-5)
+
+
+def test_dynamic_quantize_lstm_bad_inputs_are_typed_errors_that_name_them():
+    inputs = _dq_lstm_inputs("forward", False, states=True)
+    names = [n if v is not None else "" for n, v in inputs.items()]
+    node = helper.make_node("DynamicQuantizeLSTM", names, ["y"], domain=MS, hidden_size=8)
+    inits = {k: v for k, v in inputs.items() if v is not None and k not in ("x", "h0", "c0", "rs")}
+    feeds = {k: inputs[k] for k in ("x", "h0", "c0", "rs")}
+    sess = onnxrt.InferenceSession(
+        _model(node, feeds, [np.float32], inits, dynamic=True).SerializeToString(),
+        providers=["CPUExecutionProvider"],
+    )
+    ok = sess.run(None, feeds)[0]
+    assert ok.shape == (6, 1, 5, 8)
+    with pytest.raises(onnxrt.OnnxRtError, match="initial_h"):
+        sess.run(None, {**feeds, "h0": f32(1, 4, 8)})
+    with pytest.raises(onnxrt.OnnxRtError, match="R_scale"):
+        sess.run(None, {**feeds, "rs": np.ones((1, 3), np.float32)})
+    with pytest.raises(onnxrt.OnnxRtError, match="input size"):
+        sess.run(None, {**feeds, "x": f32(6, 5, 9)})

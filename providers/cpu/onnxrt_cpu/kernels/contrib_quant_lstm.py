@@ -8,8 +8,7 @@ from onnxrt.kernel import Kernel, NodeInfo
 
 from ..parallel import thread_count
 from ..registry import op
-from .activation import _sigmoid
-from .quantize import _int_matmul, dynamic_quantize_linear
+from .quantize import _F32_MAX, _F32_TINY, _int_matmul, _single_f32, dynamic_quantize_linear
 from .rnn import LSTM
 
 __all__ = ["DynamicQuantizeLSTM"]
@@ -18,9 +17,10 @@ MS = "com.microsoft"
 _F32 = np.dtype(np.float32)
 
 
-def _dequantize_lstm_weight(w, scale, zero_point, what, desc) -> np.ndarray:
-    """``[D, in, 4H]`` 8-bit weights (per direction or per column) to the float
-    ``[D, 4H, in]`` layout of ONNX LSTM."""
+def _check_lstm_weight(w, scale, zero_point, what, desc) -> tuple[np.ndarray, np.ndarray, dict]:
+    """``w`` ``[D, size, 4H]`` with its scale and zero point (per direction or per
+    column, of ``w``'s type) checked: ``(scale as float32, zero point, shape map)``,
+    the map giving each allowed parameter shape its ``[D, 1, 4H or 1]`` form."""
     if w.ndim != 3:
         raise ValueError(
             f"{desc}: {what} must be [num_directions, size, 4*hidden], got shape {w.shape}"
@@ -37,9 +37,34 @@ def _dequantize_lstm_weight(w, scale, zero_point, what, desc) -> np.ndarray:
         raise ValueError(
             f"{desc}: {what}_scale {s.shape} / zero point {z.shape} must be [{d}] or [{d}, {g}]"
         )
+    return s, z, shapes
+
+
+def _dequantize_lstm_weight(w, scale, zero_point, what, desc) -> np.ndarray:
+    """``[D, in, 4H]`` 8-bit weights (per direction or per column) to the float
+    ``[D, 4H, in]`` layout of ONNX LSTM."""
+    s, z, shapes = _check_lstm_weight(w, scale, zero_point, what, desc)
     v = w.astype(_F32) - z.astype(_F32).reshape(shapes[z.shape])
     v *= s.reshape(shapes[s.shape])
     return np.ascontiguousarray(v.transpose(0, 2, 1))
+
+
+class _Prepared:
+    """Centred float32 weights of a DynamicQuantizeLSTM for its emulation: ``w``
+    ``[D, input, 4H]`` as one ``[input, D * 4H]`` GEMM operand, ``r`` ``[D, H, 4H]``,
+    their largest magnitudes, and the per-column scales ``[D, 4H]`` (scalar ones
+    repeated) with the sigmoid gates' columns halved (``half``: 0.5 there, else 1)."""
+
+    def __init__(self, w, w_max, w_scale, r, r_max, r_scale):
+        dirs, size, h4 = w.shape
+        self.half = np.ones(h4, _F32)
+        self.half[: 3 * (h4 // 4)] = 0.5
+        self.w_cat = np.ascontiguousarray(w.transpose(1, 0, 2).reshape(size, dirs * h4))
+        self.w_max = w_max
+        self.w_scale_half = (w_scale * self.half).reshape(-1)
+        self.r = np.ascontiguousarray(r)
+        self.r_max = [float(np.abs(r[d]).max(initial=0)) for d in range(dirs)]
+        self.r_scale_half = r_scale * self.half
 
 
 @op("DynamicQuantizeLSTM", since=1, domain=MS)
@@ -88,26 +113,22 @@ class DynamicQuantizeLSTM(Kernel):
         self.direction = a.get("direction", "forward")
         self.q_weights = None
         if all(i in c for i in (1, 2, 8, 9, 10, 11)):
-            self.q_weights = self._weights(c[1], c[2], c[8], c[9], c[10], c[11])
+            self.q_weights = self._weights(c[1], c[2], c[8], c[9], c[10], c[11], desc)
 
     @staticmethod
-    def _weights(w, r, w_scale, w_zp, r_scale, r_zp):
-        """Per direction: centred float32 W [in, 4H] and R [H, 4H], their |max| and
-        per-column (or scalar) scales."""
-        out = []
-        for d in range(w.shape[0]):
-            per = []
-            for q, sc, zp in ((w, w_scale, w_zp), (r, r_scale, r_zp)):
-                z = np.asarray(zp).astype(_F32).reshape(q.shape[0], -1)[d]
-                cq = q[d].astype(_F32) - (z if z.size > 1 else z.reshape(()))
-                scl = np.asarray(sc, dtype=_F32).reshape(q.shape[0], -1)[d]
-                per += [
-                    cq,
-                    float(np.abs(cq).max(initial=0)),
-                    scl if scl.size > 1 else scl.reshape(()),
-                ]
-            out.append(per)
-        return out
+    def _weights(w, r, w_scale, w_zp, r_scale, r_zp, desc):
+        """The centred float32 weights and scales of :meth:`_emulate`, every
+        direction's together (:class:`_Prepared`)."""
+
+        def centred(q, sc, zp, what):
+            s, z, shapes = _check_lstm_weight(q, sc, zp, what, desc)
+            c = q.astype(_F32) - z.astype(_F32).reshape(shapes[z.shape])
+            scl = np.broadcast_to(s.reshape(shapes[s.shape])[:, 0], (q.shape[0], q.shape[2]))
+            return c, float(np.abs(c).max(initial=0)), scl
+
+        if w.shape[0] != r.shape[0] or w.shape[2] != r.shape[2] or r.shape[2] != 4 * r.shape[1]:
+            raise ValueError(f"{desc}: W {w.shape} and R {r.shape} must be [D, input, 4H] and [D, H, 4H]")
+        return _Prepared(*centred(w, w_scale, w_zp, "W"), *centred(r, r_scale, r_zp, "R"))
 
     def _quant_rows(self, v):
         """Dynamic uint8 quantization: centred float32 values and their scale."""
@@ -116,53 +137,154 @@ class DynamicQuantizeLSTM(Kernel):
         c -= np.float32(z)
         return c, s
 
-    def _emulate(self, x, weights, b, initial_h, initial_c):
-        seq, batch, _ = x.shape
-        dirs = len(weights)
-        h4 = weights[0][3].shape[1]
-        hid = h4 // 4
-        y = np.zeros((seq, dirs, batch, hid), _F32)
-        yh = np.empty((dirs, batch, hid), _F32)
-        yc = np.empty((dirs, batch, hid), _F32)
-        xq, xs = self._quant_rows(x.reshape(seq * batch, -1))
+    def _emulate(self, x, prep, b, initial_h, initial_c):
+        seq, batch, size = x.shape
+        dirs, hid, h4 = prep.r.shape
+        desc = self.node.describe()
+        if size != prep.w_cat.shape[0]:
+            raise ValueError(f"{desc}: X has input size {size}, W expects {prep.w_cat.shape[0]}")
+        if b is not None and b.shape != (dirs, 2 * h4):
+            raise ValueError(f"{desc}: B must be [{dirs}, {2 * h4}], got {b.shape}")
+        for name, v in (("initial_h", initial_h), ("initial_c", initial_c)):
+            if v is not None and np.shape(v) != (dirs, batch, hid):
+                raise ValueError(f"{desc}: {name} must be {(dirs, batch, hid)}, got {np.shape(v)}")
         # onnxruntime shares the batch rows out among its threads, and each group's
         # hidden state is quantized with its own range: the same grouping gives the
-        # same results at the same thread count
+        # same results at the same thread count. The state carries zero rows up to
+        # whole groups: zeros are inside every range already (it always holds 0), and
+        # a zero row stays zero through a step (zero gates, cell and output)
         threads = max(1, thread_count())
         fr = -(-batch // threads)
-        for d, (wc, wmax, ws, rc, rmax, rs) in enumerate(weights):
-            gx = _int_matmul(xq, wc, 255.0, wmax).astype(_F32) * (xs * ws)
-            if b is not None:
-                gx += b[d, :h4] + b[d, h4:]
-            gx = gx.reshape(seq, batch, h4)
-            h = (
-                np.zeros((batch, hid), _F32)
-                if initial_h is None
-                else initial_h[d].astype(_F32)
-            )
-            cell = (
-                np.zeros((batch, hid), _F32)
-                if initial_c is None
-                else initial_c[d].astype(_F32)
-            )
-            reverse = self.direction == "reverse" or (
-                self.direction == "bidirectional" and d == 1
-            )
-            for t in range(seq - 1, -1, -1) if reverse else range(seq):
-                g = gx[t].copy()
-                for r0 in range(0, batch, fr):
-                    hq, hs = self._quant_rows(h[r0 : r0 + fr])
-                    g[r0 : r0 + fr] += _int_matmul(hq, rc, 255.0, rmax).astype(_F32) * (
-                        hs * rs
-                    )
-                i, o, f = (
-                    _sigmoid(np, g[:, k * hid : (k + 1) * hid]) for k in range(3)
-                )
-                cell = f * cell + i * np.tanh(g[:, 3 * hid :])
-                h = o * np.tanh(cell)
-                y[t, d] = h
-            yh[d], yc[d] = h, cell
-        return y, yh, yc
+        groups = -(-batch // fr)
+        rows = groups * fr
+        # X quantized once for all steps, its product with every direction's W one
+        # GEMM. The sigmoid gates' columns are halved (exact) so that one tanh serves
+        # all four gates: halving the scale halves each rounded product exactly
+        xq, xs = self._quant_rows(x.reshape(seq * batch, -1))
+        gxa = _int_matmul(xq, prep.w_cat, 255.0, prep.w_max).astype(_F32)
+        gxa *= xs * prep.w_scale_half
+        if b is not None:
+            b = b.reshape(dirs, 2, h4)
+            gxa += ((b[:, 0] + b[:, 1]) * prep.half).reshape(-1)
+        # every step of both directions at once: direction d's step t reads gx[t, d],
+        # the reverse direction's inputs stored in reverse time order
+        gx = np.zeros((seq, dirs, rows, h4), _F32)
+        gxa = gxa.reshape(seq, batch, dirs, h4)
+        for d in range(dirs):
+            gx[:, d, :batch] = gxa[::-1, :, d] if self._reversed(d) else gxa[:, :, d]
+        ys = np.zeros((seq + 1, dirs, rows, hid), _F32)  # ys[0]: the initial state
+        cell = np.zeros((dirs, rows, hid), _F32)
+        scales = np.ones((seq, dirs, groups), _F32)
+        exact = all(_single_f32(255.0, m, None, hid) for m in prep.r_max)
+        # a zero initial state (as exporters write it) has scale 1 and zero point 0
+        zero_start = initial_h is None or not np.any(initial_h)
+        for careful in (False, True):
+            ys[0] = 0
+            cell[...] = 0
+            if initial_h is not None:
+                ys[0, :, :batch] = initial_h
+            if initial_c is not None:
+                cell[:, :batch] = initial_c
+            with np.errstate(all="ignore"):
+                self._steps(prep, gx, ys, cell, scales, fr, exact, careful, zero_start)
+            # a zero, subnormal or non-finite scale (or NaN) went unchecked: the steps
+            # again, group by group where a scale needs it
+            if careful or (float(scales.min()) >= _F32_TINY and float(scales.max()) <= _F32_MAX / 255):
+                break
+        y_h = ys[seq, :, :batch].copy()
+        y = ys[1:, :, :batch]
+        for d in range(dirs):
+            if self._reversed(d):
+                y[:, d] = y[::-1, d].copy()
+        return np.ascontiguousarray(y), y_h, np.ascontiguousarray(cell[:, :batch])
+
+    def _reversed(self, d: int) -> bool:
+        return self.direction == "reverse" or (self.direction == "bidirectional" and d == 1)
+
+    def _steps(self, prep, gx, ys, cell, scales, fr, exact, careful, zero_start):
+        """The time loop of :meth:`_emulate`, both directions at once, writing the
+        hidden states to ``ys[1:]``, the cell to ``cell`` and each step's scales to
+        ``scales``. Each step's state ``h`` is quantized per direction and group of
+        ``fr`` rows as :func:`dynamic_quantize_linear` does it, in float32
+        operations (each correctly rounded, as :func:`dynamic_range`'s Python
+        arithmetic is): centred, the lowest value ``rint(lo / scale)`` is
+        ``-rint(-lo / scale)``, minus the zero point exactly (rint is odd), so only
+        the top can saturate, at ``255 - zero point``.
+
+        Unless ``careful``, the scales are left unchecked (the caller checks them
+        all after the loop); else a step whose scale is zero, subnormal or not finite
+        is quantized group by group by :func:`dynamic_quantize_linear`. Every array
+        is allocated here once, with its views, so that a step is some twenty numpy
+        calls on small arrays."""
+        seq, dirs, rows, h4 = gx.shape
+        hid = h4 // 4
+        groups = rows // fr
+        rc = prep.r
+        # the sigmoid gates are 0.5 * tanh + 0.5; operands of the step's full shape
+        # (a row broadcast along the rows takes twice as long on arrays this small)
+        half = np.ascontiguousarray(np.broadcast_to(prep.half, (dirs, rows, h4)))
+        gate_add = 1 - half
+        rs = prep.r_scale_half.reshape(dirs, 1, 1, h4)
+        top = np.empty((dirs, groups), _F32)
+        ceiling = np.empty((dirs, groups), _F32)
+        c3 = ceiling[:, :, None]
+        q = np.zeros((dirs, groups, fr * hid), _F32)
+        q3 = q.reshape(dirs, rows, hid)
+        acc = np.empty((dirs, rows, h4), _F32)
+        acc4 = acc.reshape(dirs, groups, fr, h4)
+        mult = np.empty((dirs, groups, 1, h4), _F32)
+        i_g, o_g, f_g, c_g = (acc[..., k * hid : (k + 1) * hid] for k in range(4))
+        tmp = np.empty_like(cell)
+        hv_all = ys.reshape(seq + 1, dirs, groups, fr * hid)
+        f255 = np.float32(255)
+        for t in range(seq):
+            hv = hv_all[t]
+            scale = scales[t]
+            if t == 0 and zero_start:
+                pass  # a zero state: scale 1 and zero q, as set
+            elif careful:
+                hq, scale[...] = self._quant_groups(ys[t], groups)
+                q3[...] = hq
+            else:
+                hv.max(axis=2, out=top, initial=0)
+                hv.min(axis=2, out=ceiling, initial=0)
+                np.subtract(top, ceiling, out=scale)
+                np.divide(scale, f255, out=scale)
+                np.divide(ceiling, scale, out=ceiling)
+                np.rint(ceiling, out=ceiling)
+                np.add(ceiling, f255, out=ceiling)
+                np.divide(hv, scale[:, :, None], out=q)
+                np.rint(q, out=q)
+                np.minimum(q, c3, out=q)
+            if exact:
+                np.matmul(q3, rc, out=acc)
+            else:
+                for d in range(dirs):
+                    acc[d] = _int_matmul(q3[d], rc[d], 255.0, prep.r_max[d])
+            np.multiply(scale[:, :, None, None], rs, out=mult)
+            np.multiply(acc4, mult, out=acc4)
+            np.add(acc, gx[t], out=acc)
+            np.tanh(acc, out=acc)
+            np.multiply(acc, half, out=acc)
+            np.add(acc, gate_add, out=acc)
+            # gates i, o, f, then c
+            np.multiply(i_g, c_g, out=tmp)
+            np.multiply(cell, f_g, out=cell)
+            np.add(cell, tmp, out=cell)
+            np.tanh(cell, out=tmp)
+            np.multiply(o_g, tmp, out=ys[t + 1])
+
+    def _quant_groups(self, h, groups):
+        """``h`` ``[D, rows, H]`` quantized by :func:`dynamic_quantize_linear` per
+        direction and group of rows: centred float32 values and scales ``[D, groups]``."""
+        dirs, rows, _ = h.shape
+        fr = rows // groups
+        q = np.empty_like(h)
+        scale = np.empty((dirs, groups), _F32)
+        for d in range(dirs):
+            for g in range(groups):
+                q[d, g * fr : (g + 1) * fr], scale[d, g] = self._quant_rows(h[d, g * fr : (g + 1) * fr])
+        return q, scale
 
     def run(
         self,
@@ -199,14 +321,14 @@ class DynamicQuantizeLSTM(Kernel):
             and x.ndim == 3
             and x.dtype == np.float32
         ):
-            weights = self.q_weights
-            if weights is None:
-                weights = self._weights(
-                    w, r, w_scale, w_zero_point, r_scale, r_zero_point
+            prep = self.q_weights
+            if prep is None:
+                prep = self._weights(
+                    w, r, w_scale, w_zero_point, r_scale, r_zero_point, desc
                 )
             if b is not None:
                 b = b.astype(_F32)
-            outs = self._emulate(x, weights, b, initial_h, initial_c)
+            outs = self._emulate(x, prep, b, initial_h, initial_c)
             return outs[: len(self.node.outputs)]
         packed = getattr(self.lstm, "_packed", None)
         if (
