@@ -1080,3 +1080,47 @@ def test_split_threshold_doubles_with_avx512_blas_kernels(archs, mflops, monkeyp
     loaded = threads.blas_architectures()
     assert all(isinstance(a, str) and a for a in loaded)
     assert parallel.PARALLEL_MIN_FLOPS == parallel._min_flops()
+
+
+# -- recurrent layers: both directions of a bidirectional LSTM step together ---------------
+
+
+def _lstm_model(direction, w, r, b, seq, batch, hidden, with_states):
+    names = ["x", "w", "r", "b", ""] + (["h0", "c0"] if with_states else [])
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [seq, batch, w.shape[2]])]
+    if with_states:
+        inputs += [helper.make_tensor_value_info(n, TensorProto.FLOAT, [w.shape[0], batch, hidden])
+                   for n in ("h0", "c0")]
+    return make_model(
+        [helper.make_node("LSTM", names, ["y", "yh", "yc"], hidden_size=hidden, direction=direction)],
+        inputs,
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("y", "yh", "yc")],
+        [numpy_helper.from_array(v, k) for k, v in (("w", w), ("r", r), ("b", b))],
+    )
+
+
+@pytest.mark.parametrize("with_states", [False, True])
+def test_bidirectional_lstm_equals_its_two_directions_and_onnxruntime(with_states):
+    # the bidirectional layer runs both directions' steps at once; each direction
+    # alone takes the loop per direction: the same values bit for bit
+    rng = np.random.default_rng(3)
+    seq, batch, size, hidden = 9, 5, 12, 16
+    w = (rng.standard_normal((2, 4 * hidden, size)) * 0.3).astype(np.float32)
+    r = (rng.standard_normal((2, 4 * hidden, hidden)) * 0.3).astype(np.float32)
+    b = (rng.standard_normal((2, 8 * hidden)) * 0.1).astype(np.float32)
+    feeds = {"x": rng.standard_normal((seq, batch, size)).astype(np.float32)}
+    if with_states:
+        feeds |= {n: rng.standard_normal((2, batch, hidden)).astype(np.float32) for n in ("h0", "c0")}
+    both = _lstm_model("bidirectional", w, r, b, seq, batch, hidden, with_states).SerializeToString()
+    got = ort.InferenceSession(both, providers=["CPUExecutionProvider"]).run(None, feeds)
+    for d, direction in enumerate(("forward", "reverse")):
+        one = _lstm_model(direction, w[d : d + 1], r[d : d + 1], b[d : d + 1], seq, batch, hidden, with_states)
+        one_feeds = {k: v if k == "x" else v[d : d + 1] for k, v in feeds.items()}
+        y, yh, yc = ort.InferenceSession(one.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+            None, one_feeds)
+        np.testing.assert_array_equal(got[0][:, d : d + 1], y)
+        np.testing.assert_array_equal(got[1][d : d + 1], yh)
+        np.testing.assert_array_equal(got[2][d : d + 1], yc)
+    exp = rt.InferenceSession(both, providers=["CPUExecutionProvider"]).run(None, feeds)
+    for g, e in zip(got, exp):
+        np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-5)
