@@ -1155,7 +1155,7 @@ def test_dynamic_quantize_lstm(direction, per_column, threads, states):
 def test_dynamic_quantize_lstm_closed_output_gate():
     # an output gate shut by its bias leaves the hidden state zero at every step: a
     # range of zero (scale 1, zero point 0) in every group, step after step
-    inputs = _dq_lstm_inputs("bidirectional", False, o_bias=-100.0)
+    inputs = _dq_lstm_inputs("bidirectional", False, o_bias=-200.0)
     got, exp = _run_dq_lstm(inputs, "bidirectional", 2)
     assert_same(got, exp, rtol=1e-5, atol=1e-5)
     assert not got[0].any() and got[2].any()

@@ -565,3 +565,46 @@ def test_quantized_op_zoo_matches_onnxruntime(fmt, tmp_path):
     )[0]
     assert (got.argmax(1) == exp.argmax(1)).mean() >= 0.99
     np.testing.assert_allclose(got, exp, rtol=0, atol=_output_step(path) * 1.0001)
+
+
+def test_transformer_with_4_bit_weights_from_onnxruntimes_quantizer_matches_onnxruntime(tmp_path):
+    # onnxruntime's weight-only quantizer turns every MatMul into MatMulNBits
+    pytest.importorskip("onnx_ir")
+    from onnxruntime.quantization.matmul_nbits_quantizer import (
+        DefaultWeightOnlyQuantConfig,
+        MatMulNBitsQuantizer,
+    )
+
+    quantizer = MatMulNBitsQuantizer(
+        onnx.load(str(DATA / "transformer_encoder.onnx")),
+        algo_config=DefaultWeightOnlyQuantConfig(block_size=32, is_symmetric=False),
+    )
+    quantizer.process()
+    path = tmp_path / "nbits.onnx"
+    quantizer.model.save_model_to_file(str(path), False)
+    ops = [n.op_type for n in onnx.load(str(path)).graph.node]
+    assert ops.count("MatMulNBits") >= 4, ops
+    name, x = _batch("transformer_encoder", np.random.default_rng(5), 16)
+    got = onnxrt.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {name: x})[0]
+    exp = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {name: x})[0]
+    np.testing.assert_allclose(got, exp, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_dynamically_quantized_bidirectional_lstm_tagger_matches_onnxruntime(threads, tmp_path):
+    # quantize_dynamic writes each LSTM as DynamicQuantizeLSTM; onnxruntime quantizes
+    # the hidden state in groups of rows per thread, so the engines agree at equal
+    # thread counts
+    from onnxruntime.quantization import quantize_dynamic
+
+    path = tmp_path / "lstm_dynamic.onnx"
+    quantize_dynamic(str(DATA / "lstm_tagger.onnx"), str(path))
+    ops = [n.op_type for n in onnx.load(str(path)).graph.node]
+    assert ops.count("DynamicQuantizeLSTM") == 2, ops
+    feeds = {"input_ids": np.random.default_rng(9).integers(0, 500, (6, 20)).astype(np.int64)}
+    so, ro = onnxrt.SessionOptions(), ort.SessionOptions()
+    so.intra_op_num_threads = ro.intra_op_num_threads = threads
+    got = onnxrt.InferenceSession(str(path), so, providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    exp = ort.InferenceSession(str(path), ro, providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    assert (got.argmax(-1) == exp.argmax(-1)).mean() >= 0.99
+    np.testing.assert_allclose(got, exp, rtol=1e-4, atol=1e-4)

@@ -53,18 +53,16 @@ class _Prepared:
     """Centred float32 weights of a DynamicQuantizeLSTM for its emulation: ``w``
     ``[D, input, 4H]`` as one ``[input, D * 4H]`` GEMM operand, ``r`` ``[D, H, 4H]``,
     their largest magnitudes, and the per-column scales ``[D, 4H]`` (scalar ones
-    repeated) with the sigmoid gates' columns halved (``half``: 0.5 there, else 1)."""
+    repeated)."""
 
     def __init__(self, w, w_max, w_scale, r, r_max, r_scale):
         dirs, size, h4 = w.shape
-        self.half = np.ones(h4, _F32)
-        self.half[: 3 * (h4 // 4)] = 0.5
         self.w_cat = np.ascontiguousarray(w.transpose(1, 0, 2).reshape(size, dirs * h4))
         self.w_max = w_max
-        self.w_scale_half = (w_scale * self.half).reshape(-1)
+        self.w_scale = np.ascontiguousarray(w_scale).reshape(-1)
         self.r = np.ascontiguousarray(r)
         self.r_max = [float(np.abs(r[d]).max(initial=0)) for d in range(dirs)]
-        self.r_scale_half = r_scale * self.half
+        self.r_scale = np.ascontiguousarray(r_scale)
 
 
 @op("DynamicQuantizeLSTM", since=1, domain=MS)
@@ -157,21 +155,21 @@ class DynamicQuantizeLSTM(Kernel):
         fr = -(-batch // threads)
         groups = -(-batch // fr)
         rows = groups * fr
-        # X quantized once for all steps, its product with every direction's W one
-        # GEMM. The sigmoid gates' columns are halved (exact) so that one tanh serves
-        # all four gates: halving the scale halves each rounded product exactly
+        # X quantized once for all steps, its product with every direction's W one GEMM
         xq, xs = self._quant_rows(x.reshape(seq * batch, -1))
         gxa = _int_matmul(xq, prep.w_cat, 255.0, prep.w_max).astype(_F32)
-        gxa *= xs * prep.w_scale_half
+        gxa *= xs * prep.w_scale
         if b is not None:
             b = b.reshape(dirs, 2, h4)
-            gxa += ((b[:, 0] + b[:, 1]) * prep.half).reshape(-1)
+            gxa += (b[:, 0] + b[:, 1]).reshape(-1)
         # every step of both directions at once: direction d's step t reads gx[t, d],
         # the reverse direction's inputs stored in reverse time order
         gx = np.zeros((seq, dirs, rows, h4), _F32)
         gxa = gxa.reshape(seq, batch, dirs, h4)
         for d in range(dirs):
             gx[:, d, :batch] = gxa[::-1, :, d] if self._reversed(d) else gxa[:, :, d]
+        # the sigmoid gates' inputs negated (exact), as 1 / (1 + exp(-x)) reads them
+        gx[..., : 3 * hid] *= -1
         ys = np.zeros((seq + 1, dirs, rows, hid), _F32)  # ys[0]: the initial state
         cell = np.zeros((dirs, rows, hid), _F32)
         scales = np.ones((seq, dirs, groups), _F32)
@@ -220,11 +218,8 @@ class DynamicQuantizeLSTM(Kernel):
         hid = h4 // 4
         groups = rows // fr
         rc = prep.r
-        # the sigmoid gates are 0.5 * tanh + 0.5; operands of the step's full shape
-        # (a row broadcast along the rows takes twice as long on arrays this small)
-        half = np.ascontiguousarray(np.broadcast_to(prep.half, (dirs, rows, h4)))
-        gate_add = 1 - half
-        rs = prep.r_scale_half.reshape(dirs, 1, 1, h4)
+        rs = prep.r_scale.reshape(dirs, 1, 1, h4).copy()
+        rs[..., : 3 * hid] *= -1  # as gx: the sigmoid gates' inputs negated
         top = np.empty((dirs, groups), _F32)
         ceiling = np.empty((dirs, groups), _F32)
         c3 = ceiling[:, :, None]
@@ -233,10 +228,16 @@ class DynamicQuantizeLSTM(Kernel):
         acc = np.empty((dirs, rows, h4), _F32)
         acc4 = acc.reshape(dirs, groups, fr, h4)
         mult = np.empty((dirs, groups, 1, h4), _F32)
-        i_g, o_g, f_g, c_g = (acc[..., k * hid : (k + 1) * hid] for k in range(4))
+        # the sigmoid gates in a buffer of their own: on a contiguous array exp and the
+        # rest take half the time they take on the gate columns of the product
+        sig = np.empty((dirs, rows, 3 * hid), _F32)
+        i_g, o_g, f_g = (sig[..., k * hid : (k + 1) * hid] for k in range(3))
+        c_g = acc[..., 3 * hid :]
+        neg = acc[..., : 3 * hid]
         tmp = np.empty_like(cell)
         hv_all = ys.reshape(seq + 1, dirs, groups, fr * hid)
         f255 = np.float32(255)
+        one = np.float32(1)
         for t in range(seq):
             hv = hv_all[t]
             scale = scales[t]
@@ -264,9 +265,14 @@ class DynamicQuantizeLSTM(Kernel):
             np.multiply(scale[:, :, None, None], rs, out=mult)
             np.multiply(acc4, mult, out=acc4)
             np.add(acc, gx[t], out=acc)
-            np.tanh(acc, out=acc)
-            np.multiply(acc, half, out=acc)
-            np.add(acc, gate_add, out=acc)
+            # gates i, o, f: 1 / (1 + exp(-x)), whose rounding is closer to
+            # onnxruntime's logistic than 0.5 * tanh(x / 2) + 0.5 is: one rounding
+            # apart moves a hidden value across a quantization step now and then,
+            # which the next steps carry on (5e-4 on a tagger's outputs)
+            np.exp(neg, out=sig)
+            np.add(sig, one, out=sig)
+            np.divide(one, sig, out=sig)
+            np.tanh(c_g, out=c_g)
             # gates i, o, f, then c
             np.multiply(i_g, c_g, out=tmp)
             np.multiply(cell, f_g, out=cell)
