@@ -1082,45 +1082,62 @@ def test_split_threshold_doubles_with_avx512_blas_kernels(archs, mflops, monkeyp
     assert parallel.PARALLEL_MIN_FLOPS == parallel._min_flops()
 
 
-# -- recurrent layers: both directions of a bidirectional LSTM step together ---------------
+# -- recurrent layers: both directions of a bidirectional layer step together ---------------
 
 
-def _lstm_model(direction, w, r, b, seq, batch, hidden, with_states):
-    names = ["x", "w", "r", "b", ""] + (["h0", "c0"] if with_states else [])
+def _rnn_model(op, direction, w, r, b, seq, batch, hidden, with_states, **attrs):
+    lstm = op == "LSTM"
+    states = (["h0", "c0"] if lstm else ["h0"]) if with_states else []
+    outputs = ["y", "yh", "yc"] if lstm else ["y", "yh"]
     inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [seq, batch, w.shape[2]])]
-    if with_states:
-        inputs += [helper.make_tensor_value_info(n, TensorProto.FLOAT, [w.shape[0], batch, hidden])
-                   for n in ("h0", "c0")]
+    inputs += [helper.make_tensor_value_info(n, TensorProto.FLOAT, [w.shape[0], batch, hidden]) for n in states]
     return make_model(
-        [helper.make_node("LSTM", names, ["y", "yh", "yc"], hidden_size=hidden, direction=direction)],
+        [helper.make_node(op, ["x", "w", "r", "b", ""] + states, outputs, hidden_size=hidden,
+                          direction=direction, **attrs)],
         inputs,
-        [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("y", "yh", "yc")],
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in outputs],
         [numpy_helper.from_array(v, k) for k, v in (("w", w), ("r", r), ("b", b))],
     )
 
 
-@pytest.mark.parametrize("with_states", [False, True])
-def test_bidirectional_lstm_equals_its_two_directions_and_onnxruntime(with_states):
-    # the bidirectional layer runs both directions' steps at once; each direction
+@pytest.mark.parametrize(
+    "op,attrs,with_states",
+    [
+        ("LSTM", {}, False),
+        ("LSTM", {}, True),
+        ("GRU", {}, True),
+        ("GRU", {"linear_before_reset": 1}, False),
+        ("GRU", {"linear_before_reset": 1}, True),
+        # a non-default activation: the loop per direction for both
+        ("LSTM", {"activations": ["sigmoid", "tanh", "relu"] * 2}, True),
+    ],
+)
+def test_bidirectional_layer_equals_its_two_directions_and_onnxruntime(op, attrs, with_states):
+    # a bidirectional layer runs both directions' steps at once; each direction
     # alone takes the loop per direction: the same values bit for bit
     rng = np.random.default_rng(3)
     seq, batch, size, hidden = 9, 5, 12, 16
-    w = (rng.standard_normal((2, 4 * hidden, size)) * 0.3).astype(np.float32)
-    r = (rng.standard_normal((2, 4 * hidden, hidden)) * 0.3).astype(np.float32)
-    b = (rng.standard_normal((2, 8 * hidden)) * 0.1).astype(np.float32)
+    gates = 4 if op == "LSTM" else 3
+    w = (rng.standard_normal((2, gates * hidden, size)) * 0.3).astype(np.float32)
+    r = (rng.standard_normal((2, gates * hidden, hidden)) * 0.3).astype(np.float32)
+    b = (rng.standard_normal((2, 2 * gates * hidden)) * 0.1).astype(np.float32)
     feeds = {"x": rng.standard_normal((seq, batch, size)).astype(np.float32)}
     if with_states:
-        feeds |= {n: rng.standard_normal((2, batch, hidden)).astype(np.float32) for n in ("h0", "c0")}
-    both = _lstm_model("bidirectional", w, r, b, seq, batch, hidden, with_states).SerializeToString()
+        feeds |= {n: rng.standard_normal((2, batch, hidden)).astype(np.float32)
+                  for n in (("h0", "c0") if op == "LSTM" else ("h0",))}
+    both = _rnn_model(op, "bidirectional", w, r, b, seq, batch, hidden, with_states, **attrs).SerializeToString()
     got = ort.InferenceSession(both, providers=["CPUExecutionProvider"]).run(None, feeds)
+    one_attrs = {k: v[: len(v) // 2] for k, v in attrs.items() if k == "activations"}
+    one_attrs |= {k: v for k, v in attrs.items() if k != "activations"}
     for d, direction in enumerate(("forward", "reverse")):
-        one = _lstm_model(direction, w[d : d + 1], r[d : d + 1], b[d : d + 1], seq, batch, hidden, with_states)
+        one = _rnn_model(op, direction, w[d : d + 1], r[d : d + 1], b[d : d + 1], seq, batch, hidden,
+                         with_states, **one_attrs)
         one_feeds = {k: v if k == "x" else v[d : d + 1] for k, v in feeds.items()}
-        y, yh, yc = ort.InferenceSession(one.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        outs = ort.InferenceSession(one.SerializeToString(), providers=["CPUExecutionProvider"]).run(
             None, one_feeds)
-        np.testing.assert_array_equal(got[0][:, d : d + 1], y)
-        np.testing.assert_array_equal(got[1][d : d + 1], yh)
-        np.testing.assert_array_equal(got[2][d : d + 1], yc)
+        np.testing.assert_array_equal(got[0][:, d : d + 1], outs[0])
+        for g, o in zip(got[1:], outs[1:]):
+            np.testing.assert_array_equal(g[d : d + 1], o)
     exp = rt.InferenceSession(both, providers=["CPUExecutionProvider"]).run(None, feeds)
     for g, e in zip(got, exp):
         np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-5)

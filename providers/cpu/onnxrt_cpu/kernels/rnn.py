@@ -328,8 +328,20 @@ class _Recurrent(Kernel):
         Y = np.empty((S, D, Bn, H), dt)
         finals = [np.empty((D, Bn, H), dt) for _ in range(self.N_STATES)]
         if D == 2 and lens is None and self._both_directions(p, extra):
-            for f, s in zip(finals, self._loop_both(xw, p, states0, Y)):
+            # both directions' steps at once, where a step of :meth:`_loop` is a
+            # handful of numpy calls on small arrays (a bidirectional tagger at batch
+            # 8: half the calls); the reverse direction reads its inputs in reverse
+            # time order. Each element gets :meth:`_loop`'s operations in its order,
+            # so the results are the same bit for bit
+            gh = G * H
+            xs = np.empty((S, 2, Bn, gh), dt)
+            xs[:, 0] = xw[:, :, :gh]
+            xs[:, 1] = xw[::-1, :, gh:]
+            ys = np.empty((S, 2, Bn, H), dt)
+            for f, s in zip(finals, self._loop_both(xs, p, states0, ys)):
                 f[...] = s
+            Y[:, 0] = ys[:, 0]
+            Y[:, 1] = ys[::-1, 1]
             D = 0  # done: no loop per direction
         for d in range(D):
             reverse = self.direction == "reverse" or d == 1
@@ -374,7 +386,11 @@ class _Recurrent(Kernel):
         direction)."""
         return False
 
-    def _loop_both(self, xw, p, states, Y):
+    def _loop_both(self, xs, p, states, ys):
+        """The steps of both directions at once: ``xs`` ``[S, 2, B, G * H]`` the
+        input projections (the reverse direction's in reverse time order), ``states``
+        the initial ``[2, B, H]`` states (updated in place); writes ``ys[t]``
+        ``[2, B, H]`` and returns the final states."""
         raise NotImplementedError
 
     def _clip_bounds(self, p, d, cols: slice | None = None):
@@ -448,6 +464,55 @@ class GRU(_Recurrent):
         # split recurrent weights: [z r] and h blocks
         p["r_zr"] = [np.ascontiguousarray(r[:, : 2 * H]) for r in p["r_t"]]
         p["r_h"] = [np.ascontiguousarray(r[:, 2 * H :]) for r in p["r_t"]]
+
+    def _both_directions(self, p, extra) -> bool:
+        default = tuple(self.DEFAULT_ACTS)
+        return (self._clip_bounds(p, 0) is None and all(self.scaled)
+                and all(tuple(n) == default for n in self.act_names))
+
+    def _loop_both(self, xs, p, states, ys):
+        S, _, Bn, _ = xs.shape
+        H = p["H"]
+        dt = ys.dtype
+        (h,) = states
+        matmul, multiply, subtract, add, tanh = np.matmul, np.multiply, np.subtract, np.add, np.tanh
+        tmp = np.empty((2, Bn, H), dt)
+        if self.lbr:
+            r_all = p.get("r_both")
+            if r_all is None:
+                r_all = p["r_both"] = np.stack(p["r_t"])
+            rbh = np.stack(p["rbh"])[:, None, :]
+            g3 = np.empty((2, Bn, 3 * H), dt)
+            zr, z, r, hh = g3[..., : 2 * H], g3[..., :H], g3[..., H : 2 * H], g3[..., 2 * H :]
+        else:
+            r_zr, r_h = p.get("r_both_zr"), p.get("r_both_h")
+            if r_zr is None:
+                r_zr = p["r_both_zr"] = np.stack(p["r_zr"])
+                r_h = p["r_both_h"] = np.stack(p["r_h"])
+            zr = np.empty((2, Bn, 2 * H), dt)
+            z, r = zr[..., :H], zr[..., H:]
+            hh = np.empty((2, Bn, H), dt)
+        for t in range(S):
+            x = xs[t]
+            if self.lbr:
+                matmul(h, r_all, out=g3)
+                zr += x[..., : 2 * H]
+                _half_sigmoid(zr, zr)
+                hh += rbh
+                hh *= r
+                hh += x[..., 2 * H :]
+            else:
+                matmul(h, r_zr, out=zr)
+                zr += x[..., : 2 * H]
+                _half_sigmoid(zr, zr)
+                multiply(r, h, out=tmp)
+                matmul(tmp, r_h, out=hh)
+                hh += x[..., 2 * H :]
+            tanh(hh, out=hh)
+            subtract(h, hh, out=tmp)
+            tmp *= z
+            h = add(hh, tmp, out=ys[t])
+        return (h,)
 
     def _loop(self, xw, p, d, states, Y, order, masks, extra):
         (h,) = states
@@ -538,24 +603,17 @@ class LSTM(_Recurrent):
         return P * p["scale"][:, : 3 * H]
 
     def _both_directions(self, p, extra) -> bool:
-        return extra is None and self._clip_bounds(p, 0) is None and all(self.fused) and not self.input_forget
+        return (extra is None and self._clip_bounds(p, 0) is None and all(self.fused) and not self.input_forget
+                and all(n[2] == "tanh" for n in self.act_names))
 
-    def _loop_both(self, xw, p, states, Y):
-        """Both directions' steps at once, where every step of :meth:`_loop` is a
-        handful of numpy calls on small arrays (a bidirectional tagger at batch 8:
-        half the calls). The reverse direction reads its inputs in reverse time
-        order; each element gets :meth:`_loop`'s operations in its order, so the
-        results are the same bit for bit. Returns the final ``(h, c)`` ``[2, B, H]``."""
-        S, Bn = xw.shape[:2]
+    def _loop_both(self, xs, p, states, ys):
+        S, _, Bn, _ = xs.shape
         H = p["H"]
-        dt = Y.dtype
+        dt = ys.dtype
         r = p.get("r_both")
         if r is None:
             r = p["r_both"] = np.stack(p["r_t"])
         gates = np.empty((2, Bn, 4 * H), dt)
-        xs = np.empty((S, 2, Bn, 4 * H), dt)
-        xs[:, 0] = xw[:, :, : 4 * H]
-        xs[:, 1] = xw[::-1, :, 4 * H :]
         # the sigmoid gates 0.5 * tanh + 0.5 (their inputs were prescaled), the last
         # block as it is: operands of the step's full shape, which small arrays take
         # twice as fast as a row broadcast along the rows
@@ -563,10 +621,9 @@ class LSTM(_Recurrent):
         mul[..., : 3 * H] = 0.5
         add = 1 - mul
         gi, go, gf, gc = (gates[..., k * H : (k + 1) * H] for k in range(4))
-        h, c = (s.copy() for s in states)
+        h, c = states
         c_new = np.empty_like(c)
         tmp = np.empty_like(c)
-        ys = np.empty((S, 2, Bn, H), dt)
         matmul, multiply, add_, tanh = np.matmul, np.multiply, np.add, np.tanh
         for t in range(S):
             matmul(h, r, out=gates)
@@ -580,9 +637,7 @@ class LSTM(_Recurrent):
             tanh(c_new, out=tmp)
             h = multiply(go, tmp, out=ys[t])
             c, c_new = c_new, c
-        Y[:, 0] = ys[:, 0]
-        Y[:, 1] = ys[::-1, 1]
-        return h.copy(), c
+        return h, c
 
     def _loop(self, xw, p, d, states, Y, order, masks, extra):
         h, c = states
