@@ -1311,3 +1311,24 @@ def test_dynamic_quantize_lstm_bad_inputs_are_typed_errors_that_name_them():
         sess.run(None, {**feeds, "rs": np.ones((1, 3), np.float32)})
     with pytest.raises(onnxrt.OnnxRtError, match="input size"):
         sess.run(None, {**feeds, "x": f32(6, 5, 9)})
+
+
+def test_dynamic_quantize_lstm_detects_a_hidden_state_that_saturates():
+    # a range [-127.5, 127.5] * s has scale s and zero point 128 (127.5 rounds to
+    # even), and rint(127.5) = 128 passes 255 - 128: DynamicQuantizeLinear saturates
+    # it to 127. The time loop leaves that unchecked and must find it afterwards
+    from onnxrt_cpu.kernels.contrib_quant_lstm import DynamicQuantizeLSTM
+    from onnxrt_cpu.kernels.quantize import dynamic_quantize_linear
+
+    s = np.float32(0.01)
+    h = np.array([127.5, -127.5, 3.0], np.float32) * s
+    q, scale, zp = dynamic_quantize_linear(None, h)
+    assert scale == s and zp == 128 and q[0] == 255  # saturated: rint(127.5) + 128 = 256
+    scales = np.full((1, 1, 1), s, np.float32)
+    ranges = np.array([h.min(), h.max()], np.float32).reshape(2, 1, 1, 1)
+    assert not DynamicQuantizeLSTM._unchecked_steps_hold(scales, ranges)
+    ranges[1] = np.float32(126.9) * s
+    assert DynamicQuantizeLSTM._unchecked_steps_hold(scales, ranges)
+    # and a zero, a subnormal or a NaN scale fails the check
+    for bad in (0.0, 1e-40, np.nan):
+        assert not DynamicQuantizeLSTM._unchecked_steps_hold(np.full((1, 1, 1), bad, np.float32), ranges)

@@ -51,8 +51,8 @@ def _dequantize_lstm_weight(w, scale, zero_point, what, desc) -> np.ndarray:
 
 class _Prepared:
     """Centred float32 weights of a DynamicQuantizeLSTM for its emulation: ``w``
-    ``[D, input, 4H]`` as one ``[input, D * 4H]`` GEMM operand, ``r`` ``[D, H, 4H]``,
-    their largest magnitudes, and the per-column scales ``[D, 4H]`` (scalar ones
+    ``[D, input, 4H]`` as one ``[input, D * 4H]`` GEMM operand, ``r_neg`` ``[D, H,
+    4H]`` (the sigmoid gates' columns negated), their largest magnitudes, and the per-column scales ``[D, 4H]`` (scalar ones
     repeated)."""
 
     def __init__(self, w, w_max, w_scale, r, r_max, r_scale):
@@ -60,9 +60,13 @@ class _Prepared:
         self.w_cat = np.ascontiguousarray(w.transpose(1, 0, 2).reshape(size, dirs * h4))
         self.w_max = w_max
         self.w_scale = np.ascontiguousarray(w_scale).reshape(-1)
-        self.r = np.ascontiguousarray(r)
         self.r_max = [float(np.abs(r[d]).max(initial=0)) for d in range(dirs)]
+        # the sigmoid gates' columns negated (exact), as 1 / (1 + exp(-x)) reads them
+        self.r_neg = np.array(r)
+        self.r_neg[..., : 3 * (h4 // 4)] *= -1
         self.r_scale = np.ascontiguousarray(r_scale)
+        #: one scale per direction: the step scales rows, not columns
+        self.r_scale_per_direction = bool((r_scale == r_scale[:, :1]).all())
 
 
 @op("DynamicQuantizeLSTM", since=1, domain=MS)
@@ -137,7 +141,7 @@ class DynamicQuantizeLSTM(Kernel):
 
     def _emulate(self, x, prep, b, initial_h, initial_c):
         seq, batch, size = x.shape
-        dirs, hid, h4 = prep.r.shape
+        dirs, hid, h4 = prep.r_neg.shape
         desc = self.node.describe()
         if size != prep.w_cat.shape[0]:
             raise ValueError(f"{desc}: X has input size {size}, W expects {prep.w_cat.shape[0]}")
@@ -169,10 +173,13 @@ class DynamicQuantizeLSTM(Kernel):
         for d in range(dirs):
             gx[:, d, :batch] = gxa[::-1, :, d] if self._reversed(d) else gxa[:, :, d]
         # the sigmoid gates' inputs negated (exact), as 1 / (1 + exp(-x)) reads them
+        # (R's columns are negated alike)
         gx[..., : 3 * hid] *= -1
         ys = np.zeros((seq + 1, dirs, rows, hid), _F32)  # ys[0]: the initial state
         cell = np.zeros((dirs, rows, hid), _F32)
         scales = np.ones((seq, dirs, groups), _F32)
+        # each step's range [bottom, top] per group, for the check after the loop
+        ranges = np.zeros((2, seq, dirs, groups), _F32)
         exact = all(_single_f32(255.0, m, None, hid) for m in prep.r_max)
         # a zero initial state (as exporters write it) has scale 1 and zero point 0
         zero_start = initial_h is None or not np.any(initial_h)
@@ -184,10 +191,8 @@ class DynamicQuantizeLSTM(Kernel):
             if initial_c is not None:
                 cell[:, :batch] = initial_c
             with np.errstate(all="ignore"):
-                self._steps(prep, gx, ys, cell, scales, fr, exact, careful, zero_start)
-            # a zero, subnormal or non-finite scale (or NaN) went unchecked: the steps
-            # again, group by group where a scale needs it
-            if careful or (float(scales.min()) >= _F32_TINY and float(scales.max()) <= _F32_MAX / 255):
+                self._steps(prep, gx, ys, cell, scales, ranges, fr, exact, careful, zero_start)
+            if careful or self._unchecked_steps_hold(scales, ranges):
                 break
         y_h = ys[seq, :, :batch].copy()
         y = ys[1:, :, :batch]
@@ -196,38 +201,56 @@ class DynamicQuantizeLSTM(Kernel):
                 y[:, d] = y[::-1, d].copy()
         return np.ascontiguousarray(y), y_h, np.ascontiguousarray(cell[:, :batch])
 
+    @staticmethod
+    def _unchecked_steps_hold(scales, ranges) -> bool:
+        """Whether the unchecked steps quantized as :func:`dynamic_quantize_linear`
+        does: every scale normal and finite (not NaN), and no group saturated. Centred,
+        a group's values run from ``rint(bottom / scale)``, which is minus its zero
+        point exactly (rint is odd), to ``rint(top / scale)``, which can pass ``255 -
+        zero point`` only by the two roundings: rarely, and then the steps run again,
+        group by group."""
+        if not (float(scales.min()) >= _F32_TINY and float(scales.max()) <= _F32_MAX / 255):
+            return False
+        with np.errstate(all="ignore"):
+            lo = np.rint(ranges[0] / scales)
+            hi = np.rint(ranges[1] / scales)
+        return not bool(((hi - lo) > 255).any())
+
     def _reversed(self, d: int) -> bool:
         return self.direction == "reverse" or (self.direction == "bidirectional" and d == 1)
 
-    def _steps(self, prep, gx, ys, cell, scales, fr, exact, careful, zero_start):
+    def _steps(self, prep, gx, ys, cell, scales, ranges, fr, exact, careful, zero_start):
         """The time loop of :meth:`_emulate`, both directions at once, writing the
-        hidden states to ``ys[1:]``, the cell to ``cell`` and each step's scales to
-        ``scales``. Each step's state ``h`` is quantized per direction and group of
-        ``fr`` rows as :func:`dynamic_quantize_linear` does it, in float32
-        operations (each correctly rounded, as :func:`dynamic_range`'s Python
-        arithmetic is): centred, the lowest value ``rint(lo / scale)`` is
-        ``-rint(-lo / scale)``, minus the zero point exactly (rint is odd), so only
-        the top can saturate, at ``255 - zero point``.
+        hidden states to ``ys[1:]``, the cell to ``cell``, and each step's scales and
+        ranges to ``scales`` and ``ranges``. Each step's state ``h`` is quantized
+        per direction and group of ``fr`` rows as :func:`dynamic_quantize_linear`
+        does it, in float32 operations (each correctly rounded, as
+        :func:`dynamic_range`'s Python arithmetic is), centred: ``rint(h / scale)``.
 
-        Unless ``careful``, the scales are left unchecked (the caller checks them
-        all after the loop); else a step whose scale is zero, subnormal or not finite
-        is quantized group by group by :func:`dynamic_quantize_linear`. Every array
-        is allocated here once, with its views, so that a step is some twenty numpy
-        calls on small arrays."""
+        Unless ``careful``, nothing is checked in the loop (the caller checks every
+        step after it, :meth:`_unchecked_steps_hold`); else every group is quantized
+        by :func:`dynamic_quantize_linear` itself. Every array is allocated here once,
+        with its views, so that a step is some twenty numpy calls on small arrays."""
         seq, dirs, rows, h4 = gx.shape
         hid = h4 // 4
         groups = rows // fr
-        rc = prep.r
-        rs = prep.r_scale.reshape(dirs, 1, 1, h4).copy()
-        rs[..., : 3 * hid] *= -1  # as gx: the sigmoid gates' inputs negated
-        top = np.empty((dirs, groups), _F32)
-        ceiling = np.empty((dirs, groups), _F32)
-        c3 = ceiling[:, :, None]
+        rc = prep.r_neg
+        bottoms, tops = ranges
+        scales3 = scales[:, :, :, None]
         q = np.zeros((dirs, groups, fr * hid), _F32)
         q3 = q.reshape(dirs, rows, hid)
         acc = np.empty((dirs, rows, h4), _F32)
         acc4 = acc.reshape(dirs, groups, fr, h4)
-        mult = np.empty((dirs, groups, 1, h4), _F32)
+        per_row = prep.r_scale_per_direction
+        if per_row:
+            # one scale per direction: a group's rows all take one multiplier
+            rs = prep.r_scale[:, :1].copy()
+            mult = np.empty((dirs, groups), _F32)
+            mult4 = mult[:, :, None, None]
+        else:
+            rs = prep.r_scale.reshape(dirs, 1, 1, h4)
+            mult4 = mult = np.empty((dirs, groups, 1, h4), _F32)
+            scales4 = scales[:, :, :, None, None]
         # the sigmoid gates in a buffer of their own: on a contiguous array exp and the
         # rest take half the time they take on the gate columns of the product
         sig = np.empty((dirs, rows, 3 * hid), _F32)
@@ -239,7 +262,6 @@ class DynamicQuantizeLSTM(Kernel):
         f255 = np.float32(255)
         one = np.float32(1)
         for t in range(seq):
-            hv = hv_all[t]
             scale = scales[t]
             if t == 0 and zero_start:
                 pass  # a zero state: scale 1 and zero q, as set
@@ -247,23 +269,24 @@ class DynamicQuantizeLSTM(Kernel):
                 hq, scale[...] = self._quant_groups(ys[t], groups)
                 q3[...] = hq
             else:
+                hv = hv_all[t]
+                top, bottom = tops[t], bottoms[t]
                 hv.max(axis=2, out=top, initial=0)
-                hv.min(axis=2, out=ceiling, initial=0)
-                np.subtract(top, ceiling, out=scale)
+                hv.min(axis=2, out=bottom, initial=0)
+                np.subtract(top, bottom, out=scale)
                 np.divide(scale, f255, out=scale)
-                np.divide(ceiling, scale, out=ceiling)
-                np.rint(ceiling, out=ceiling)
-                np.add(ceiling, f255, out=ceiling)
-                np.divide(hv, scale[:, :, None], out=q)
+                np.divide(hv, scales3[t], out=q)
                 np.rint(q, out=q)
-                np.minimum(q, c3, out=q)
             if exact:
                 np.matmul(q3, rc, out=acc)
             else:
                 for d in range(dirs):
                     acc[d] = _int_matmul(q3[d], rc[d], 255.0, prep.r_max[d])
-            np.multiply(scale[:, :, None, None], rs, out=mult)
-            np.multiply(acc4, mult, out=acc4)
+            if per_row:
+                np.multiply(scale, rs, out=mult)
+            else:
+                np.multiply(scales4[t], rs, out=mult)
+            np.multiply(acc4, mult4, out=acc4)
             np.add(acc, gx[t], out=acc)
             # gates i, o, f: 1 / (1 + exp(-x)), whose rounding is closer to
             # onnxruntime's logistic than 0.5 * tanh(x / 2) + 0.5 is: one rounding
