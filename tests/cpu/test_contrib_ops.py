@@ -1152,6 +1152,18 @@ def test_dynamic_quantize_lstm(direction, per_column, threads, states):
     assert_same(got, exp, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("batch,hidden", [(3, 300), (3, 520), (5, 300), (2, 200)])
+def test_dynamic_quantize_lstm_groups_rows_as_onnxruntime_does(batch, hidden):
+    # onnxruntime shares the batch rows among its threads only for more than 4 rows,
+    # or 2 or more of at most 256 hidden values; else one group quantizes the whole
+    # batch. 255 * 128 * 520 passes 2**24: that recurrent product is no longer exact
+    # as one float32 GEMM and is summed in exact chunks
+    inputs = _dq_lstm_inputs("bidirectional", False, s=3, b=batch, i=6, h=hidden)
+    inputs["rs"] = inputs["rs"] * np.float32(0.05)  # keeps the gates off saturation
+    got, exp = _run_dq_lstm(inputs, "bidirectional", 2)
+    assert_same(got, exp, rtol=1e-5, atol=1e-5)
+
+
 def test_dynamic_quantize_lstm_closed_output_gate():
     # an output gate shut by its bias leaves the hidden state zero at every step: a
     # range of zero (scale 1, zero point 0) in every group, step after step

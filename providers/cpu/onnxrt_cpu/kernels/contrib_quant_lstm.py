@@ -75,7 +75,8 @@ class DynamicQuantizeLSTM(Kernel):
     the layout) with per-direction or per-column scales and zero points.
 
     As onnxruntime does, X (all steps at once) and then the hidden state (before each
-    step, in groups of ``ceil(batch / threads)`` rows) are quantized dynamically to
+    step, in groups of ``ceil(batch / threads)`` rows where the batch has more than 4
+    rows or 2 or more of at most 256 hidden values, else as a whole) are quantized dynamically to
     uint8, and every product is an exact integer GEMM scaled back by
     ``activation_scale * weight_scale``; so at the same thread count the results are
     onnxruntime's to float32 rounding. That path covers the
@@ -150,12 +151,16 @@ class DynamicQuantizeLSTM(Kernel):
         for name, v in (("initial_h", initial_h), ("initial_c", initial_c)):
             if v is not None and np.shape(v) != (dirs, batch, hid):
                 raise ValueError(f"{desc}: {name} must be {(dirs, batch, hid)}, got {np.shape(v)}")
-        # onnxruntime shares the batch rows out among its threads, and each group's
-        # hidden state is quantized with its own range: the same grouping gives the
-        # same results at the same thread count. The state carries zero rows up to
-        # whole groups: zeros are inside every range already (it always holds 0), and
-        # a zero row stays zero through a step (zero gates, cell and output)
+        # onnxruntime shares the batch rows out among its threads (where the batch has
+        # more than 4 rows, or 2 or more of at most 256 hidden values; else the whole
+        # batch is one group), and each group's hidden state is quantized with its own
+        # range: the same grouping gives the same results at the same thread count.
+        # The state carries zero rows up to whole groups: zeros are inside every range
+        # already (it always holds 0), and a zero row stays zero through a step (zero
+        # gates, cell and output)
         threads = max(1, thread_count())
+        if not (batch > 4 or (batch >= 2 and hid <= 256)):
+            threads = 1
         fr = -(-batch // threads)
         groups = -(-batch // fr)
         rows = groups * fr
