@@ -52,8 +52,8 @@ def _dequantize_lstm_weight(w, scale, zero_point, what, desc) -> np.ndarray:
 class _Prepared:
     """Centred float32 weights of a DynamicQuantizeLSTM for its emulation: ``w``
     ``[D, input, 4H]`` as one ``[input, D * 4H]`` GEMM operand, ``r_neg`` ``[D, H,
-    4H]`` (the sigmoid gates' columns negated), their largest magnitudes, and the per-column scales ``[D, 4H]`` (scalar ones
-    repeated)."""
+    4H]`` (the sigmoid gates' columns negated), their largest magnitudes, and the
+    per-column scales ``[D, 4H]`` (scalar ones repeated)."""
 
     def __init__(self, w, w_max, w_scale, r, r_max, r_scale):
         dirs, size, h4 = w.shape
@@ -76,8 +76,8 @@ class DynamicQuantizeLSTM(Kernel):
 
     As onnxruntime does, X (all steps at once) and then the hidden state (before each
     step, in groups of ``ceil(batch / threads)`` rows where the batch has more than 4
-    rows or 2 or more of at most 256 hidden values, else as a whole) are quantized dynamically to
-    uint8, and every product is an exact integer GEMM scaled back by
+    rows or 2 or more of at most 256 hidden values, else as a whole) are quantized
+    dynamically to uint8, and every product is an exact integer GEMM scaled back by
     ``activation_scale * weight_scale``; so at the same thread count the results are
     onnxruntime's to float32 rounding. That path covers the
     default activations without clip, peepholes, ``input_forget`` or ragged

@@ -327,7 +327,8 @@ class _Recurrent(Kernel):
 
         Y = np.empty((S, D, Bn, H), dt)
         finals = [np.empty((D, Bn, H), dt) for _ in range(self.N_STATES)]
-        if D == 2 and lens is None and self._both_directions(p, extra):
+        both = D == 2 and lens is None and self._both_directions(p, extra)
+        if both:
             # both directions' steps at once, where a step of :meth:`_loop` is a
             # handful of numpy calls on small arrays (a bidirectional tagger at batch
             # 8: half the calls); the reverse direction reads its inputs in reverse
@@ -342,8 +343,7 @@ class _Recurrent(Kernel):
                 f[...] = s
             Y[:, 0] = ys[:, 0]
             Y[:, 1] = ys[::-1, 1]
-            D = 0  # done: no loop per direction
-        for d in range(D):
+        for d in range(0 if both else D):
             reverse = self.direction == "reverse" or d == 1
             xw_d = xw[:, :, d * G * H : (d + 1) * G * H]
             Y_d = Y[:, d]
