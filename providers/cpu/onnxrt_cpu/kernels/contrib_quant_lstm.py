@@ -79,7 +79,9 @@ class DynamicQuantizeLSTM(Kernel):
     rows or 2 or more of at most 256 hidden values, else as a whole) are quantized
     dynamically to uint8, and every product is an exact integer GEMM scaled back by
     ``activation_scale * weight_scale``; so at the same thread count the results are
-    onnxruntime's to float32 rounding. That path covers the
+    onnxruntime's to float32 rounding (but where a one-ulp difference in a sigmoid or
+    tanh moves a hidden value across a rounding boundary of its quantization, by that
+    step's effect). That path covers the
     default activations without clip, peepholes, ``input_forget`` or ragged
     ``sequence_lens``; for the rest the weights are dequantized (once, when constant)
     and the float ONNX LSTM runs, which differs from onnxruntime by its activation
