@@ -1085,14 +1085,16 @@ def test_split_threshold_doubles_with_avx512_blas_kernels(archs, mflops, monkeyp
 # -- recurrent layers: both directions of a bidirectional layer step together ---------------
 
 
-def _rnn_model(op, direction, w, r, b, seq, batch, hidden, with_states, **attrs):
+def _rnn_model(op, direction, w, r, b, seq, batch, hidden, with_states, ragged=False, **attrs):
     lstm = op == "LSTM"
     states = (["h0", "c0"] if lstm else ["h0"]) if with_states else []
     outputs = ["y", "yh", "yc"] if lstm else ["y", "yh"]
     inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [seq, batch, w.shape[2]])]
+    if ragged:
+        inputs.append(helper.make_tensor_value_info("sl", TensorProto.INT32, [batch]))
     inputs += [helper.make_tensor_value_info(n, TensorProto.FLOAT, [w.shape[0], batch, hidden]) for n in states]
     return make_model(
-        [helper.make_node(op, ["x", "w", "r", "b", ""] + states, outputs, hidden_size=hidden,
+        [helper.make_node(op, ["x", "w", "r", "b", "sl" if ragged else ""] + states, outputs, hidden_size=hidden,
                           direction=direction, **attrs)],
         inputs,
         [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in outputs],
@@ -1101,20 +1103,24 @@ def _rnn_model(op, direction, w, r, b, seq, batch, hidden, with_states, **attrs)
 
 
 @pytest.mark.parametrize(
-    "op,attrs,with_states",
+    "op,attrs,with_states,ragged",
     [
-        ("LSTM", {}, False),
-        ("LSTM", {}, True),
-        ("GRU", {}, True),
-        ("GRU", {"linear_before_reset": 1}, False),
-        ("GRU", {"linear_before_reset": 1}, True),
+        ("LSTM", {}, False, False),
+        ("LSTM", {}, True, False),
+        ("LSTM", {}, True, True),
+        ("GRU", {}, True, False),
+        ("GRU", {}, False, True),
+        ("GRU", {"linear_before_reset": 1}, False, False),
+        ("GRU", {"linear_before_reset": 1}, True, True),
         # a non-default activation: the loop per direction for both
-        ("LSTM", {"activations": ["sigmoid", "tanh", "relu"] * 2}, True),
+        ("LSTM", {"activations": ["sigmoid", "tanh", "relu"] * 2}, True, False),
     ],
 )
-def test_bidirectional_layer_equals_its_two_directions_and_onnxruntime(op, attrs, with_states):
+def test_bidirectional_layer_equals_its_two_directions_and_onnxruntime(op, attrs, with_states, ragged):
     # a bidirectional layer runs both directions' steps at once; each direction
-    # alone takes the loop per direction: the same values bit for bit
+    # alone takes the loop per direction: the same values bit for bit. Ragged
+    # sequence_lens (one entry empty, one whole): each entry's valid prefix, its
+    # outputs past its length zero and its final state its last valid one
     rng = np.random.default_rng(3)
     seq, batch, size, hidden = 9, 5, 12, 16
     gates = 4 if op == "LSTM" else 3
@@ -1122,17 +1128,20 @@ def test_bidirectional_layer_equals_its_two_directions_and_onnxruntime(op, attrs
     r = (rng.standard_normal((2, gates * hidden, hidden)) * 0.3).astype(np.float32)
     b = (rng.standard_normal((2, 2 * gates * hidden)) * 0.1).astype(np.float32)
     feeds = {"x": rng.standard_normal((seq, batch, size)).astype(np.float32)}
+    if ragged:
+        feeds["sl"] = np.array([4, 9, 0, 1, 7], np.int32)
     if with_states:
         feeds |= {n: rng.standard_normal((2, batch, hidden)).astype(np.float32)
                   for n in (("h0", "c0") if op == "LSTM" else ("h0",))}
-    both = _rnn_model(op, "bidirectional", w, r, b, seq, batch, hidden, with_states, **attrs).SerializeToString()
+    both = _rnn_model(op, "bidirectional", w, r, b, seq, batch, hidden, with_states, ragged,
+                      **attrs).SerializeToString()
     got = ort.InferenceSession(both, providers=["CPUExecutionProvider"]).run(None, feeds)
     one_attrs = {k: v[: len(v) // 2] for k, v in attrs.items() if k == "activations"}
     one_attrs |= {k: v for k, v in attrs.items() if k != "activations"}
     for d, direction in enumerate(("forward", "reverse")):
         one = _rnn_model(op, direction, w[d : d + 1], r[d : d + 1], b[d : d + 1], seq, batch, hidden,
-                         with_states, **one_attrs)
-        one_feeds = {k: v if k == "x" else v[d : d + 1] for k, v in feeds.items()}
+                         with_states, ragged, **one_attrs)
+        one_feeds = {k: v if k in ("x", "sl") else v[d : d + 1] for k, v in feeds.items()}
         outs = ort.InferenceSession(one.SerializeToString(), providers=["CPUExecutionProvider"]).run(
             None, one_feeds)
         np.testing.assert_array_equal(got[0][:, d : d + 1], outs[0])

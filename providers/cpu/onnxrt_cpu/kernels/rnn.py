@@ -327,7 +327,14 @@ class _Recurrent(Kernel):
 
         Y = np.empty((S, D, Bn, H), dt)
         finals = [np.empty((D, Bn, H), dt) for _ in range(self.N_STATES)]
-        both = D == 2 and lens is None and self._both_directions(p, extra)
+        masks = rev = None
+        if lens is not None:
+            masks = (np.arange(S)[:, None] < lens[None, :])[:, :, None]  # [S, B, 1]
+            # the reverse direction runs over each entry's valid prefix reversed (the
+            # map is its own inverse)
+            t = np.arange(S)[:, None]
+            rev = (np.where(masks[:, :, 0], lens[None, :] - 1 - t, t), np.arange(Bn)[None, :])
+        both = D == 2 and self._both_directions(p, extra)
         if both:
             # both directions' steps at once, where a step of :meth:`_loop` is a
             # handful of numpy calls on small arrays (a bidirectional tagger at batch
@@ -337,12 +344,12 @@ class _Recurrent(Kernel):
             gh = G * H
             xs = np.empty((S, 2, Bn, gh), dt)
             xs[:, 0] = xw[:, :, :gh]
-            xs[:, 1] = xw[::-1, :, gh:]
+            xs[:, 1] = xw[::-1, :, gh:] if rev is None else xw[:, :, gh:][rev]
             ys = np.empty((S, 2, Bn, H), dt)
-            for f, s in zip(finals, self._loop_both(xs, p, states0, ys)):
+            for f, s in zip(finals, self._loop_both(xs, p, states0, ys, masks)):
                 f[...] = s
             Y[:, 0] = ys[:, 0]
-            Y[:, 1] = ys[::-1, 1]
+            Y[:, 1] = ys[::-1, 1] if rev is None else ys[:, 1][rev]
         for d in range(0 if both else D):
             reverse = self.direction == "reverse" or d == 1
             xw_d = xw[:, :, d * G * H : (d + 1) * G * H]
@@ -351,18 +358,12 @@ class _Recurrent(Kernel):
             if lens is None:
                 order = range(S - 1, -1, -1) if reverse else range(S)
                 out_states = self._loop(xw_d, p, d, states, Y_d, order, None, extra)
+            elif reverse:
+                Y_tmp = np.empty((S, Bn, H), dt)
+                out_states = self._loop(xw_d[rev], p, d, states, Y_tmp, range(S), masks, extra)
+                Y_d[...] = Y_tmp[rev]
             else:
-                masks = (np.arange(S)[:, None] < lens[None, :])[:, :, None]  # [S, B, 1]
-                if reverse:
-                    # reverse each entry's valid prefix; the map is its own inverse
-                    t = np.arange(S)[:, None]
-                    rev = np.where(masks[:, :, 0], lens[None, :] - 1 - t, t)
-                    cols = np.arange(Bn)[None, :]
-                    Y_tmp = np.empty((S, Bn, H), dt)
-                    out_states = self._loop(xw_d[rev, cols], p, d, states, Y_tmp, range(S), masks, extra)
-                    Y_d[...] = Y_tmp[rev, cols]
-                else:
-                    out_states = self._loop(xw_d, p, d, states, Y_d, range(S), masks, extra)
+                out_states = self._loop(xw_d, p, d, states, Y_d, range(S), masks, extra)
             for f, s in zip(finals, out_states):
                 f[d] = s
         if lens is not None and (lens == 0).any():
@@ -386,11 +387,13 @@ class _Recurrent(Kernel):
         direction)."""
         return False
 
-    def _loop_both(self, xs, p, states, ys):
+    def _loop_both(self, xs, p, states, ys, masks):
         """The steps of both directions at once: ``xs`` ``[S, 2, B, G * H]`` the
-        input projections (the reverse direction's in reverse time order), ``states``
-        the initial ``[2, B, H]`` states (updated in place); writes ``ys[t]``
-        ``[2, B, H]`` and returns the final states."""
+        input projections (the reverse direction's in reverse time order, each
+        entry's valid prefix where ``sequence_lens`` is ragged), ``states`` the
+        initial ``[2, B, H]`` states (updated in place), ``masks`` ``[S, B, 1]`` the
+        valid steps or None; writes ``ys[t]`` ``[2, B, H]`` (zero past an entry's
+        length) and returns the final states (each entry's last valid one)."""
         raise NotImplementedError
 
     def _clip_bounds(self, p, d, cols: slice | None = None):
@@ -470,13 +473,14 @@ class GRU(_Recurrent):
         return (self._clip_bounds(p, 0) is None and all(self.scaled)
                 and all(tuple(n) == default for n in self.act_names))
 
-    def _loop_both(self, xs, p, states, ys):
+    def _loop_both(self, xs, p, states, ys, masks):
         S, _, Bn, _ = xs.shape
         H = p["H"]
         dt = ys.dtype
         (h,) = states
         matmul, multiply, subtract, add, tanh = np.matmul, np.multiply, np.subtract, np.add, np.tanh
         tmp = np.empty((2, Bn, H), dt)
+        hn = np.empty((2, Bn, H), dt)
         if self.lbr:
             r_all = p.get("r_both")
             if r_all is None:
@@ -511,7 +515,13 @@ class GRU(_Recurrent):
             tanh(hh, out=hh)
             subtract(h, hh, out=tmp)
             tmp *= z
-            h = add(hh, tmp, out=ys[t])
+            if masks is None:
+                h = add(hh, tmp, out=ys[t])
+            else:
+                m = masks[t]
+                add(hh, tmp, out=hn)
+                np.copyto(h, hn, where=m)
+                multiply(hn, m, out=ys[t])
         return (h,)
 
     def _loop(self, xw, p, d, states, Y, order, masks, extra):
@@ -606,7 +616,7 @@ class LSTM(_Recurrent):
         return (extra is None and self._clip_bounds(p, 0) is None and all(self.fused) and not self.input_forget
                 and all(n[2] == "tanh" for n in self.act_names))
 
-    def _loop_both(self, xs, p, states, ys):
+    def _loop_both(self, xs, p, states, ys, masks):
         S, _, Bn, _ = xs.shape
         H = p["H"]
         dt = ys.dtype
@@ -624,6 +634,7 @@ class LSTM(_Recurrent):
         h, c = states
         c_new = np.empty_like(c)
         tmp = np.empty_like(c)
+        hn = np.empty_like(c)
         matmul, multiply, add_, tanh = np.matmul, np.multiply, np.add, np.tanh
         for t in range(S):
             matmul(h, r, out=gates)
@@ -635,8 +646,15 @@ class LSTM(_Recurrent):
             multiply(gc, gi, out=gc)
             add_(c_new, gc, out=c_new)
             tanh(c_new, out=tmp)
-            h = multiply(go, tmp, out=ys[t])
-            c, c_new = c_new, c
+            if masks is None:
+                h = multiply(go, tmp, out=ys[t])
+                c, c_new = c_new, c
+            else:
+                m = masks[t]
+                multiply(go, tmp, out=hn)
+                np.copyto(h, hn, where=m)
+                np.copyto(c, c_new, where=m)
+                multiply(hn, m, out=ys[t])
         return h, c
 
     def _loop(self, xw, p, d, states, Y, order, masks, extra):
