@@ -1240,59 +1240,30 @@ def test_bert_optimized_then_dynamically_quantized(tmp_path):
     assert_same(got, exp, rtol=1e-3, atol=1e-3)
 
 
-def test_dynamic_quantize_lstm_ragged_batch_is_the_lstm_of_the_dequantized_weights():
-    # ragged sequence_lens take the float path: exactly ONNX LSTM on dequantized weights
-    d, s, b, i, h = 1, 5, 3, 6, 4
-    w, r = q8(np.int8, d, i, 4 * h), q8(np.int8, d, h, 4 * h)
-    ws, rs, z = (
-        np.array([0.02], np.float32),
-        np.array([0.03], np.float32),
-        np.zeros(1, np.int8),
-    )
-    x, lens = f32(s, b, i), np.array([5, 2, 4], np.int32)
-    inputs = {
-        "x": x,
-        "w": w,
-        "r": r,
-        "b": None,
-        "sl": lens,
-        "h0": None,
-        "c0": None,
-        "p": None,
-        "ws": ws,
-        "wz": z,
-        "rs": rs,
-        "rz": z,
-    }
-    node = helper.make_node(
-        "DynamicQuantizeLSTM",
-        [k if v is not None else "" for k, v in inputs.items()],
-        ["y", "yh"],
-        domain=MS,
-        hidden_size=h,
-    )
-    feeds = {"x": x, "sl": lens}
-    model = _model(
-        node,
-        feeds,
-        [np.float32] * 2,
-        {k: v for k, v in inputs.items() if v is not None and k not in feeds},
-    )
-    got = onnxrt.InferenceSession(
-        model.SerializeToString(), providers=["CPUExecutionProvider"]
-    ).run(None, feeds)
-    deq = lambda q, sc: (q.astype(np.float32) * sc).transpose(0, 2, 1)
-    lstm = helper.make_node(
-        "LSTM", ["x", "w", "r", "", "sl"], ["y", "yh"], hidden_size=h
-    )
-    ref_model = _model(
-        lstm, feeds, [np.float32] * 2, {"w": deq(w, ws), "r": deq(r, rs)}
-    )
-    exp = ort.InferenceSession(
-        ref_model.SerializeToString(), providers=["CPUExecutionProvider"]
-    ).run(None, feeds)
-    assert_same(got, exp, rtol=1e-4, atol=1e-5)
-    assert not got[0][2:, 0, 1].any()  # steps past a row's length are zero
+@pytest.mark.parametrize(
+    "direction,threads,states",
+    [("forward", 1, False), ("reverse", 2, True), ("bidirectional", 2, False), ("bidirectional", 1, True)],
+)
+def test_dynamic_quantize_lstm_ragged_batch(direction, threads, states):
+    # ragged sequence_lens, one row empty and one whole: each row's valid prefix
+    # (reversed for the reverse direction), its outputs past its length zero, its
+    # final states those of its last valid step, and, as in onnxruntime, its state
+    # zero past its length, out of its group's quantization range
+    inputs = _dq_lstm_inputs(direction, False, s=6, b=5, states=states, rng=np.random.default_rng(17))
+    inputs["sl"] = np.array([6, 2, 0, 5, 1], np.int32)
+    names = [n if v is not None else "" for n, v in inputs.items()]
+    node = helper.make_node("DynamicQuantizeLSTM", names, ["y", "yh", "yc"], domain=MS, hidden_size=8,
+                            direction=direction)
+    feeds = {k: inputs[k] for k in ("x", "sl", "h0", "c0") if inputs[k] is not None}
+    inits = {k: v for k, v in inputs.items() if v is not None and k not in feeds}
+    model = _model(node, feeds, [np.float32] * 3, inits).SerializeToString()
+    ours, theirs = onnxrt.SessionOptions(), ort.SessionOptions()
+    ours.intra_op_num_threads = theirs.intra_op_num_threads = threads
+    got = onnxrt.InferenceSession(model, ours, providers=["CPUExecutionProvider"]).run(None, feeds)
+    exp = ort.InferenceSession(model, theirs, providers=["CPUExecutionProvider"]).run(None, feeds)
+    assert_same(got, exp, rtol=1e-5, atol=1e-5)
+    assert not got[0][2:, :, 1].any() and not got[0][:, :, 2].any()  # past a row's length
+    assert not got[1][:, 2].any() and not got[2][:, 2].any()  # an empty row's final states
 
 
 @pytest.mark.parametrize("per_column", [False, True])

@@ -82,8 +82,10 @@ class DynamicQuantizeLSTM(Kernel):
     onnxruntime's to float32 rounding (but where a one-ulp difference in a sigmoid or
     tanh moves a hidden value across a rounding boundary of its quantization, by that
     step's effect). That path covers the
-    default activations without clip, peepholes, ``input_forget`` or ragged
-    ``sequence_lens``; for the rest the weights are dequantized (once, when constant)
+    default activations without clip, peepholes or ``input_forget``, ragged
+    ``sequence_lens`` included (as in onnxruntime, a row's state past its length is
+    zero, so that it stays out of its group's range); for the rest the weights are
+    dequantized (once, when constant)
     and the float ONNX LSTM runs, which differs from onnxruntime by its activation
     rounding only.
     """
@@ -142,7 +144,7 @@ class DynamicQuantizeLSTM(Kernel):
         c -= np.float32(z)
         return c, s
 
-    def _emulate(self, x, prep, b, initial_h, initial_c):
+    def _emulate(self, x, prep, b, initial_h, initial_c, sequence_lens=None):
         seq, batch, size = x.shape
         dirs, hid, h4 = prep.r_neg.shape
         desc = self.node.describe()
@@ -153,6 +155,15 @@ class DynamicQuantizeLSTM(Kernel):
         for name, v in (("initial_h", initial_h), ("initial_c", initial_c)):
             if v is not None and np.shape(v) != (dirs, batch, hid):
                 raise ValueError(f"{desc}: {name} must be {(dirs, batch, hid)}, got {np.shape(v)}")
+        lens = None
+        if sequence_lens is not None:
+            lens = np.asarray(sequence_lens).astype(np.int64).reshape(-1)
+            if lens.shape[0] != batch:
+                raise ValueError(f"{desc}: sequence_lens has {lens.shape[0]} entries, batch is {batch}")
+            if (lens < 0).any() or (lens > seq).any():
+                raise ValueError(f"{desc}: sequence_lens values must lie in [0, {seq}], got {lens}")
+            if (lens == seq).all():
+                lens = None
         # onnxruntime shares the batch rows out among its threads (where the batch has
         # more than 4 rows, or 2 or more of at most 256 hidden values; else the whole
         # batch is one group), and each group's hidden state is quantized with its own
@@ -177,13 +188,28 @@ class DynamicQuantizeLSTM(Kernel):
         # the reverse direction's inputs stored in reverse time order
         gx = np.zeros((seq, dirs, rows, h4), _F32)
         gxa = gxa.reshape(seq, batch, dirs, h4)
+        masks = rev = None
+        if lens is not None:
+            # ragged: the steps past a row's length are masked, and the reverse
+            # direction runs over each row's valid prefix reversed (the map is its own
+            # inverse)
+            valid = np.arange(seq)[:, None] < lens[None, :]  # [seq, batch]
+            t = np.arange(seq)[:, None]
+            rev = (np.where(valid, lens[None, :] - 1 - t, t), np.arange(batch)[None, :])
+            masks = np.zeros((seq, 1, rows, 1), _F32)
+            masks[:, 0, :batch, 0] = valid
         for d in range(dirs):
-            gx[:, d, :batch] = gxa[::-1, :, d] if self._reversed(d) else gxa[:, :, d]
+            if not self._reversed(d):
+                gx[:, d, :batch] = gxa[:, :, d]
+            else:
+                gx[:, d, :batch] = gxa[::-1, :, d] if rev is None else gxa[:, :, d][rev]
         # the sigmoid gates' inputs negated (exact), as 1 / (1 + exp(-x)) reads them
         # (R's columns are negated alike)
         gx[..., : 3 * hid] *= -1
         ys = np.zeros((seq + 1, dirs, rows, hid), _F32)  # ys[0]: the initial state
         cell = np.zeros((dirs, rows, hid), _F32)
+        # each row's cell at its last valid step (ragged), else the last cell
+        last_cell = cell if masks is None else np.zeros_like(cell)
         scales = np.ones((seq, dirs, groups), _F32)
         # each step's range [bottom, top] per group, for the check after the loop
         ranges = np.zeros((2, seq, dirs, groups), _F32)
@@ -193,20 +219,26 @@ class DynamicQuantizeLSTM(Kernel):
         for careful in (False, True):
             ys[0] = 0
             cell[...] = 0
+            last_cell[...] = 0
             if initial_h is not None:
                 ys[0, :, :batch] = initial_h
             if initial_c is not None:
                 cell[:, :batch] = initial_c
             with np.errstate(all="ignore"):
-                self._steps(prep, gx, ys, cell, scales, ranges, fr, exact, careful, zero_start)
+                self._steps(prep, gx, ys, cell, scales, ranges, fr, exact, careful, zero_start, masks, last_cell)
             if careful or self._unchecked_steps_hold(scales, ranges):
                 break
-        y_h = ys[seq, :, :batch].copy()
+        if lens is None:
+            y_h = ys[seq, :, :batch].copy()
+        else:
+            # each row's output at its last valid step; zero for an empty row
+            y_h = ys[lens, :, np.arange(batch)].transpose(1, 0, 2).copy()
+            y_h[:, lens == 0] = 0
         y = ys[1:, :, :batch]
         for d in range(dirs):
             if self._reversed(d):
-                y[:, d] = y[::-1, d].copy()
-        return np.ascontiguousarray(y), y_h, np.ascontiguousarray(cell[:, :batch])
+                y[:, d] = y[::-1, d].copy() if rev is None else y[:, d][rev]
+        return np.ascontiguousarray(y), y_h, np.ascontiguousarray(last_cell[:, :batch])
 
     @staticmethod
     def _unchecked_steps_hold(scales, ranges) -> bool:
@@ -226,7 +258,8 @@ class DynamicQuantizeLSTM(Kernel):
     def _reversed(self, d: int) -> bool:
         return self.direction == "reverse" or (self.direction == "bidirectional" and d == 1)
 
-    def _steps(self, prep, gx, ys, cell, scales, ranges, fr, exact, careful, zero_start):
+    def _steps(self, prep, gx, ys, cell, scales, ranges, fr, exact, careful, zero_start, masks=None,
+               last_cell=None):
         """The time loop of :meth:`_emulate`, both directions at once, writing the
         hidden states to ``ys[1:]``, the cell to ``cell``, and each step's scales and
         ranges to ``scales`` and ``ranges``. Each step's state ``h`` is quantized
@@ -236,7 +269,10 @@ class DynamicQuantizeLSTM(Kernel):
 
         Unless ``careful``, nothing is checked in the loop (the caller checks every
         step after it, :meth:`_unchecked_steps_hold`); else every group is quantized
-        by :func:`dynamic_quantize_linear` itself. Every array is allocated here once,
+        by :func:`dynamic_quantize_linear` itself. ``masks`` ``[seq, 1, rows, 1]``
+        (ragged ``sequence_lens``) zero each row's state past its length, as
+        onnxruntime does, and ``last_cell`` keeps each row's cell at its last valid
+        step. Every array is allocated here once,
         with its views, so that a step is some twenty numpy calls on small arrays."""
         seq, dirs, rows, h4 = gx.shape
         hid = h4 // 4
@@ -309,6 +345,10 @@ class DynamicQuantizeLSTM(Kernel):
             np.add(cell, tmp, out=cell)
             np.tanh(cell, out=tmp)
             np.multiply(o_g, tmp, out=ys[t + 1])
+            if masks is not None:
+                m = masks[t]
+                np.multiply(ys[t + 1], m, out=ys[t + 1])
+                np.copyto(last_cell, cell, where=m > 0)
 
     def _quant_groups(self, h, groups):
         """``h`` ``[D, rows, H]`` quantized by :func:`dynamic_quantize_linear` per
@@ -347,13 +387,9 @@ class DynamicQuantizeLSTM(Kernel):
             raise ValueError(
                 f"{desc}: W_scale, W_zero_point, R_scale and R_zero_point are required"
             )
-        ragged = sequence_lens is not None and np.any(
-            np.asarray(sequence_lens) != x.shape[0]
-        )
         if (
             self.emulated
             and p is None
-            and not ragged
             and x.ndim == 3
             and x.dtype == np.float32
         ):
@@ -364,7 +400,7 @@ class DynamicQuantizeLSTM(Kernel):
                 )
             if b is not None:
                 b = b.astype(_F32)
-            outs = self._emulate(x, prep, b, initial_h, initial_c)
+            outs = self._emulate(x, prep, b, initial_h, initial_c, sequence_lens)
             return outs[: len(self.node.outputs)]
         packed = getattr(self.lstm, "_packed", None)
         if (
