@@ -114,20 +114,24 @@ def make_models(folder: Path) -> list[tuple[str, Path, str]]:
         extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT},
     )
     out.append(("bert_tiny contrib ops, dynamic int8", bert_q, "bert_tiny"))
-    # onnxruntime's 4-bit weight-only quantization: every MatMul a MatMulNBits
-    from onnxruntime.quantization.matmul_nbits_quantizer import (
-        DefaultWeightOnlyQuantConfig,
-        MatMulNBitsQuantizer,
-    )
-
-    nbits = folder / "transformer_encoder_nbits.onnx"
-    quantizer = MatMulNBitsQuantizer(
-        onnx.load(str(DATA / "transformer_encoder.onnx")),
-        algo_config=DefaultWeightOnlyQuantConfig(block_size=32, is_symmetric=False),
-    )
-    quantizer.process()
-    quantizer.model.save_model_to_file(str(nbits), False)
-    out.append(("transformer_encoder 4-bit MatMulNBits", nbits, "transformer_encoder"))
+    # onnxruntime's 4-bit weight-only quantization: every MatMul a MatMulNBits (its
+    # quantizer is written on the onnx-ir package, which the test extra installs)
+    try:
+        from onnxruntime.quantization.matmul_nbits_quantizer import (
+            DefaultWeightOnlyQuantConfig,
+            MatMulNBitsQuantizer,
+        )
+    except ImportError as e:
+        print(f"skipping the 4-bit MatMulNBits model: {e}", file=sys.stderr)
+    else:
+        nbits = folder / "transformer_encoder_nbits.onnx"
+        quantizer = MatMulNBitsQuantizer(
+            onnx.load(str(DATA / "transformer_encoder.onnx")),
+            algo_config=DefaultWeightOnlyQuantConfig(block_size=32, is_symmetric=False),
+        )
+        quantizer.process()
+        quantizer.model.save_model_to_file(str(nbits), False)
+        out.append(("transformer_encoder 4-bit MatMulNBits", nbits, "transformer_encoder"))
     # a bidirectional two-layer LSTM tagger: quantize_dynamic writes DynamicQuantizeLSTM
     lstm_q = folder / "lstm_tagger_dynamic.onnx"
     quantize_dynamic(str(DATA / "lstm_tagger.onnx"), str(lstm_q))
