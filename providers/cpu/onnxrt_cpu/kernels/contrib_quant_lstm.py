@@ -9,7 +9,7 @@ from onnxrt.kernel import Kernel, NodeInfo
 from ..parallel import thread_count
 from ..registry import op
 from .quantize import _F32_MAX, _F32_TINY, _int_matmul, _single_f32, dynamic_quantize_linear
-from .rnn import LSTM
+from .rnn import LSTM, ragged_lengths, ragged_steps
 
 __all__ = ["DynamicQuantizeLSTM"]
 
@@ -155,15 +155,7 @@ class DynamicQuantizeLSTM(Kernel):
         for name, v in (("initial_h", initial_h), ("initial_c", initial_c)):
             if v is not None and np.shape(v) != (dirs, batch, hid):
                 raise ValueError(f"{desc}: {name} must be {(dirs, batch, hid)}, got {np.shape(v)}")
-        lens = None
-        if sequence_lens is not None:
-            lens = np.asarray(sequence_lens).astype(np.int64).reshape(-1)
-            if lens.shape[0] != batch:
-                raise ValueError(f"{desc}: sequence_lens has {lens.shape[0]} entries, batch is {batch}")
-            if (lens < 0).any() or (lens > seq).any():
-                raise ValueError(f"{desc}: sequence_lens values must lie in [0, {seq}], got {lens}")
-            if (lens == seq).all():
-                lens = None
+        lens = ragged_lengths(sequence_lens, batch, seq, desc)
         # onnxruntime shares the batch rows out among its threads (where the batch has
         # more than 4 rows, or 2 or more of at most 256 hidden values; else the whole
         # batch is one group), and each group's hidden state is quantized with its own
@@ -193,9 +185,7 @@ class DynamicQuantizeLSTM(Kernel):
             # ragged: the steps past a row's length are masked, and the reverse
             # direction runs over each row's valid prefix reversed (the map is its own
             # inverse)
-            valid = np.arange(seq)[:, None] < lens[None, :]  # [seq, batch]
-            t = np.arange(seq)[:, None]
-            rev = (np.where(valid, lens[None, :] - 1 - t, t), np.arange(batch)[None, :])
+            valid, rev = ragged_steps(lens, seq)
             masks = np.zeros((seq, 1, rows, 1), _F32)
             masks[:, 0, :batch, 0] = valid
         for d in range(dirs):

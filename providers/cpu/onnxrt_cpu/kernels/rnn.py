@@ -198,6 +198,29 @@ def _compute_dtype(dt: np.dtype) -> np.dtype:
     return dt if dt in (np.float32, np.float64) else np.dtype(np.float32)
 
 
+def ragged_lengths(sequence_lens, batch: int, seq: int, desc: str) -> np.ndarray | None:
+    """``sequence_lens`` checked (``batch`` entries within ``[0, seq]``) as int64, or
+    None where it is absent or every entry is whole."""
+    if sequence_lens is None:
+        return None
+    lens = np.asarray(sequence_lens).astype(np.int64).reshape(-1)
+    if lens.shape[0] != batch:
+        raise ValueError(f"{desc}: sequence_lens has {lens.shape[0]} entries, batch is {batch}")
+    if (lens < 0).any() or (lens > seq).any():
+        raise ValueError(f"{desc}: sequence_lens values must lie in [0, {seq}], got {lens}")
+    return None if (lens == seq).all() else lens
+
+
+def ragged_steps(lens: np.ndarray, seq: int) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray]]:
+    """For ragged ``lens``: ``(valid, rev)``, ``valid`` ``[seq, batch]`` the steps
+    within each entry's length, and ``rev`` the index pair that reverses each entry's
+    valid prefix along the steps of a ``[seq, batch, ...]`` array (and leaves the
+    rest in place; the map is its own inverse), as the reverse direction runs it."""
+    t = np.arange(seq)[:, None]
+    valid = t < lens[None, :]
+    return valid, (np.where(valid, lens[None, :] - 1 - t, t), np.arange(lens.shape[0])[None, :])
+
+
 #: Both directions of a bidirectional layer step together while their recurrent
 #: weights take at most this many bytes. Stepping together halves the numpy calls, but
 #: a step then reads both directions' weights, and past about the L2 cache each step
@@ -324,26 +347,15 @@ class _Recurrent(Kernel):
                     raise ValueError(f"{self.node.describe()}: {name} must be {(D, Bn, H)}, got {init.shape}")
                 states0.append(init.astype(dt))  # copy: the loop updates states in place
 
-        lens = None
-        if sequence_lens is not None:
-            lens = np.asarray(sequence_lens).astype(np.int64).reshape(-1)
-            if lens.shape[0] != Bn:
-                raise ValueError(f"{self.node.describe()}: sequence_lens has {lens.shape[0]} entries, batch is {Bn}")
-            if (lens < 0).any() or (lens > S).any():
-                raise ValueError(f"{self.node.describe()}: sequence_lens values must lie in [0, {S}], got {lens}")
-            if (lens == S).all():
-                lens = None
+        lens = ragged_lengths(sequence_lens, Bn, S, self.node.describe())
         extra = self.extra_inputs(P, p, D, H, dt)
 
         Y = np.empty((S, D, Bn, H), dt)
         finals = [np.empty((D, Bn, H), dt) for _ in range(self.N_STATES)]
         masks = rev = None
         if lens is not None:
-            masks = (np.arange(S)[:, None] < lens[None, :])[:, :, None]  # [S, B, 1]
-            # the reverse direction runs over each entry's valid prefix reversed (the
-            # map is its own inverse)
-            t = np.arange(S)[:, None]
-            rev = (np.where(masks[:, :, 0], lens[None, :] - 1 - t, t), np.arange(Bn)[None, :])
+            valid, rev = ragged_steps(lens, S)
+            masks = valid[:, :, None]  # [S, B, 1]
         both = (D == 2 and self._both_directions(p, extra)
                 and sum(r.nbytes for r in p["r_t"]) <= _BOTH_MAX_WEIGHT_BYTES)
         if both:
@@ -453,6 +465,21 @@ class RNN(_Recurrent):
         return (h,)
 
 
+def _gru_update(h, hh, z, tmp, hn, m, out):
+    """A GRU step's new state ``H_t = (1 - z) ⊙ h~ + z ⊙ H_{t-1} = h~ + z ⊙ (H_{t-1} -
+    h~)`` from ``h`` (``H_{t-1}``) and ``hh`` (``h~``), written to ``out``; returns the
+    state the next step reads. With a mask ``m`` (ragged batches) the entries past
+    their length keep their state (``h``, updated in place) and output zero."""
+    np.subtract(h, hh, out=tmp)
+    tmp *= z
+    if m is None:
+        return np.add(hh, tmp, out=out)
+    np.add(hh, tmp, out=hn)
+    np.copyto(h, hn, where=m)
+    np.multiply(hn, m, out=out)
+    return h
+
+
 @op("GRU", since=1)
 class GRU(_Recurrent):
     """Gated recurrent unit (gates z, r, h); ``linear_before_reset``; all versions."""
@@ -489,7 +516,7 @@ class GRU(_Recurrent):
         H = p["H"]
         dt = ys.dtype
         (h,) = states
-        matmul, multiply, subtract, add, tanh = np.matmul, np.multiply, np.subtract, np.add, np.tanh
+        matmul, multiply, tanh = np.matmul, np.multiply, np.tanh
         tmp = np.empty((2, Bn, H), dt)
         hn = np.empty((2, Bn, H), dt)
         if self.lbr:
@@ -524,15 +551,7 @@ class GRU(_Recurrent):
                 matmul(tmp, r_h, out=hh)
                 hh += x[..., 2 * H :]
             tanh(hh, out=hh)
-            subtract(h, hh, out=tmp)
-            tmp *= z
-            if masks is None:
-                h = add(hh, tmp, out=ys[t])
-            else:
-                m = masks[t]
-                add(hh, tmp, out=hn)
-                np.copyto(h, hn, where=m)
-                multiply(hn, m, out=ys[t])
+            h = _gru_update(h, hh, z, tmp, hn, None if masks is None else masks[t], ys[t])
         return (h,)
 
     def _loop(self, xw, p, d, states, Y, order, masks, extra):
@@ -544,7 +563,7 @@ class GRU(_Recurrent):
         b_h = None if bound is None else bound[2 * H :]
         Bn = h.shape[0]
         dt = h.dtype
-        matmul, clip, multiply, subtract, add = np.matmul, np.clip, np.multiply, np.subtract, np.add
+        matmul, clip, multiply = np.matmul, np.clip, np.multiply
         tmp = np.empty((Bn, H), dt)
         hn = np.empty((Bn, H), dt)
         if self.lbr:
@@ -580,17 +599,23 @@ class GRU(_Recurrent):
             if b_h is not None:
                 clip(hh, -b_h, b_h, out=hh)
             g_act(hh, hh)
-            # H_t = (1 - z) ⊙ h~ + z ⊙ H_{t-1} = h~ + z ⊙ (H_{t-1} - h~)
-            subtract(h, hh, out=tmp)
-            tmp *= z
-            if masks is None:
-                h = add(hh, tmp, out=Y[t])
-            else:
-                m = masks[t]
-                add(hh, tmp, out=hn)
-                np.copyto(h, hn, where=m)
-                multiply(hn, m, out=Y[t])
+            h = _gru_update(h, hh, z, tmp, hn, None if masks is None else masks[t], Y[t])
         return (h,)
+
+
+def _lstm_update(h, c, c_new, go, act, hn, m, out):
+    """An LSTM step's output ``o ⊙ h(C_t)`` (``go`` times ``act``) written to ``out``;
+    returns ``(h, c, spare)``: the state and cell the next step reads and a buffer
+    for its new cell. With a mask ``m`` (ragged batches) the entries past their
+    length keep their state and cell (``h`` and ``c``, updated in place) and output
+    zero."""
+    if m is None:
+        return np.multiply(go, act, out=out), c_new, c
+    np.multiply(go, act, out=hn)
+    np.copyto(h, hn, where=m)
+    np.copyto(c, c_new, where=m)
+    np.multiply(hn, m, out=out)
+    return h, c, c_new
 
 
 @op("LSTM", since=1)
@@ -657,15 +682,7 @@ class LSTM(_Recurrent):
             multiply(gc, gi, out=gc)
             add_(c_new, gc, out=c_new)
             tanh(c_new, out=tmp)
-            if masks is None:
-                h = multiply(go, tmp, out=ys[t])
-                c, c_new = c_new, c
-            else:
-                m = masks[t]
-                multiply(go, tmp, out=hn)
-                np.copyto(h, hn, where=m)
-                np.copyto(c, c_new, where=m)
-                multiply(hn, m, out=ys[t])
+            h, c, c_new = _lstm_update(h, c, c_new, go, tmp, hn, None if masks is None else masks[t], ys[t])
         return h, c
 
     def _loop(self, xw, p, d, states, Y, order, masks, extra):
@@ -728,13 +745,5 @@ class LSTM(_Recurrent):
             elif not fused:
                 f(go, go)
             h_act(c_new, tmp)
-            if masks is None:
-                h = multiply(go, tmp, out=Y[t])
-                c, c_new = c_new, c
-            else:
-                m = masks[t]
-                multiply(go, tmp, out=hn)
-                np.copyto(h, hn, where=m)
-                np.copyto(c, c_new, where=m)
-                multiply(hn, m, out=Y[t])
+            h, c, c_new = _lstm_update(h, c, c_new, go, tmp, hn, None if masks is None else masks[t], Y[t])
         return (h, c)
