@@ -1325,3 +1325,28 @@ def test_dynamic_quantize_lstm_detects_a_hidden_state_that_saturates():
     # and a zero, a subnormal or a NaN scale fails the check
     for bad in (0.0, 1e-40, np.nan):
         assert not DynamicQuantizeLSTM._unchecked_steps_hold(np.full((1, 1, 1), bad, np.float32), ranges)
+
+
+@pytest.mark.parametrize("ragged", [False, True])
+def test_dynamic_quantize_lstm_directions_apart_equal_directions_together(ragged, monkeypatch):
+    # the two directions step together while their recurrent weights are small, one
+    # at a time past that: the same values bit for bit
+    from onnxrt_cpu.kernels import contrib_quant_lstm
+
+    inputs = _dq_lstm_inputs("bidirectional", True, s=5, b=6, h=24, states=True, rng=np.random.default_rng(4))
+    if ragged:
+        inputs["sl"] = np.array([5, 0, 3, 5, 1, 4], np.int32)
+    names = [n if v is not None else "" for n, v in inputs.items()]
+    node = helper.make_node("DynamicQuantizeLSTM", names, ["y", "yh", "yc"], domain=MS, hidden_size=24,
+                            direction="bidirectional")
+    feeds = {k: inputs[k] for k in ("x", "sl", "h0", "c0") if inputs[k] is not None}
+    inits = {k: v for k, v in inputs.items() if v is not None and k not in feeds}
+    model = _model(node, feeds, [np.float32] * 3, inits).SerializeToString()
+    so = onnxrt.SessionOptions()
+    so.intra_op_num_threads = 2
+    outs = []
+    for limit in (1 << 30, 0):
+        monkeypatch.setattr(contrib_quant_lstm, "_TOGETHER_MAX_BYTES", limit)
+        outs.append(onnxrt.InferenceSession(model, so, providers=["CPUExecutionProvider"]).run(None, feeds))
+    for a, b in zip(*outs):
+        np.testing.assert_array_equal(a, b)

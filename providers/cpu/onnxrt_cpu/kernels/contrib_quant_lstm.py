@@ -68,6 +68,16 @@ class _Prepared:
         #: one scale per direction: the step scales rows, not columns
         self.r_scale_per_direction = bool((r_scale == r_scale[:, :1]).all())
 
+    def recurrent(self, part: slice):
+        """``(r_neg, r_scale, per-direction scales, r_max)`` of the directions ``part``."""
+        return self.r_neg[part], self.r_scale[part], self.r_scale_per_direction, self.r_max[part]
+
+
+#: Both directions of a bidirectional layer step together while their recurrent
+#: weights, as float32, take at most this many bytes (as the float LSTM's,
+#: :data:`rnn._BOTH_MAX_WEIGHT_BYTES`, and for the same reason).
+_TOGETHER_MAX_BYTES = 1 << 20
+
 
 @op("DynamicQuantizeLSTM", since=1, domain=MS)
 class DynamicQuantizeLSTM(Kernel):
@@ -206,6 +216,11 @@ class DynamicQuantizeLSTM(Kernel):
         exact = all(_single_f32(255.0, m, None, hid) for m in prep.r_max)
         # a zero initial state (as exporters write it) has scale 1 and zero point 0
         zero_start = initial_h is None or not np.any(initial_h)
+        # both directions step together while their recurrent weights (as float32)
+        # stay small; past that each step would read both from beyond the L2 cache,
+        # where one direction at a time keeps its own there
+        together = prep.r_neg.nbytes <= _TOGETHER_MAX_BYTES
+        parts = [slice(None)] if together else [slice(d, d + 1) for d in range(dirs)]
         for careful in (False, True):
             ys[0] = 0
             cell[...] = 0
@@ -215,7 +230,9 @@ class DynamicQuantizeLSTM(Kernel):
             if initial_c is not None:
                 cell[:, :batch] = initial_c
             with np.errstate(all="ignore"):
-                self._steps(prep, gx, ys, cell, scales, ranges, fr, exact, careful, zero_start, masks, last_cell)
+                for part in parts:
+                    self._steps(prep.recurrent(part), gx[:, part], ys[:, part], cell[part], scales[:, part],
+                                ranges[:, :, part], fr, exact, careful, zero_start, masks, last_cell[part])
             if careful or self._unchecked_steps_hold(scales, ranges):
                 break
         if lens is None:
@@ -248,11 +265,12 @@ class DynamicQuantizeLSTM(Kernel):
     def _reversed(self, d: int) -> bool:
         return self.direction == "reverse" or (self.direction == "bidirectional" and d == 1)
 
-    def _steps(self, prep, gx, ys, cell, scales, ranges, fr, exact, careful, zero_start, masks=None,
+    def _steps(self, recurrent, gx, ys, cell, scales, ranges, fr, exact, careful, zero_start, masks=None,
                last_cell=None):
         """The time loop of :meth:`_emulate`, both directions at once, writing the
         hidden states to ``ys[1:]``, the cell to ``cell``, and each step's scales and
-        ranges to ``scales`` and ``ranges``. Each step's state ``h`` is quantized
+        ranges to ``scales`` and ``ranges`` (views of the directions ``recurrent``,
+        :meth:`_Prepared.recurrent`, belongs to). Each step's state ``h`` is quantized
         per direction and group of ``fr`` rows as :func:`dynamic_quantize_linear`
         does it, in float32 operations (each correctly rounded, as
         :func:`dynamic_range`'s Python arithmetic is), centred: ``rint(h / scale)``.
@@ -267,21 +285,20 @@ class DynamicQuantizeLSTM(Kernel):
         seq, dirs, rows, h4 = gx.shape
         hid = h4 // 4
         groups = rows // fr
-        rc = prep.r_neg
+        rc, r_scale, per_row, r_max = recurrent
         bottoms, tops = ranges
         scales3 = scales[:, :, :, None]
         q = np.zeros((dirs, groups, fr * hid), _F32)
         q3 = q.reshape(dirs, rows, hid)
         acc = np.empty((dirs, rows, h4), _F32)
         acc4 = acc.reshape(dirs, groups, fr, h4)
-        per_row = prep.r_scale_per_direction
         if per_row:
             # one scale per direction: a group's rows all take one multiplier
-            rs = prep.r_scale[:, :1].copy()
+            rs = r_scale[:, :1].copy()
             mult = np.empty((dirs, groups), _F32)
             mult4 = mult[:, :, None, None]
         else:
-            rs = prep.r_scale.reshape(dirs, 1, 1, h4)
+            rs = r_scale.reshape(dirs, 1, 1, h4)
             mult4 = mult = np.empty((dirs, groups, 1, h4), _F32)
             scales4 = scales[:, :, :, None, None]
         # the sigmoid gates in a buffer of their own: on a contiguous array exp and the
@@ -314,7 +331,7 @@ class DynamicQuantizeLSTM(Kernel):
                 np.matmul(q3, rc, out=acc)
             else:
                 for d in range(dirs):
-                    acc[d] = _int_matmul(q3[d], rc[d], 255.0, prep.r_max[d])
+                    acc[d] = _int_matmul(q3[d], rc[d], 255.0, r_max[d])
             if per_row:
                 np.multiply(scale, rs, out=mult)
             else:
