@@ -8,7 +8,15 @@ from onnxrt.kernel import Kernel, NodeInfo
 
 from ..parallel import thread_count
 from ..registry import op
-from .quantize import _F32_MAX, _F32_TINY, _int_matmul, _single_f32, dynamic_quantize_linear
+from .quantize import (
+    _F32_MAX,
+    _F32_TINY,
+    _int_matmul,
+    _single_f32,
+    column_l1,
+    dynamic_quantize_linear,
+    int_matmul_f32,
+)
 from .rnn import LSTM, ragged_lengths, ragged_steps
 
 __all__ = ["DynamicQuantizeLSTM"]
@@ -59,8 +67,12 @@ class _Prepared:
         dirs, size, h4 = w.shape
         self.w_cat = np.ascontiguousarray(w.transpose(1, 0, 2).reshape(size, dirs * h4))
         self.w_max = w_max
+        # the columns' absolute sums bound the products more tightly than the largest
+        # magnitude times the length: one exact float32 GEMM for longer rows
+        self.w_l1 = column_l1(self.w_cat)
         self.w_scale = np.ascontiguousarray(w_scale).reshape(-1)
         self.r_max = [float(np.abs(r[d]).max(initial=0)) for d in range(dirs)]
+        self.r_l1 = [column_l1(r[d]) for d in range(dirs)]
         # the sigmoid gates' columns negated (exact), as 1 / (1 + exp(-x)) reads them
         self.r_neg = np.array(r)
         self.r_neg[..., : 3 * (h4 // 4)] *= -1
@@ -181,7 +193,7 @@ class DynamicQuantizeLSTM(Kernel):
         rows = groups * fr
         # X quantized once for all steps, its product with every direction's W one GEMM
         xq, xs = self._quant_rows(x.reshape(seq * batch, -1))
-        gxa = _int_matmul(xq, prep.w_cat, 255.0, prep.w_max).astype(_F32)
+        gxa = int_matmul_f32(xq, prep.w_cat, 255.0, prep.w_max, prep.w_l1)
         gxa *= xs * prep.w_scale
         if b is not None:
             b = b.reshape(dirs, 2, h4)
@@ -213,7 +225,7 @@ class DynamicQuantizeLSTM(Kernel):
         scales = np.ones((seq, dirs, groups), _F32)
         # each step's range [bottom, top] per group, for the check after the loop
         ranges = np.zeros((2, seq, dirs, groups), _F32)
-        exact = all(_single_f32(255.0, m, None, hid) for m in prep.r_max)
+        exact = all(_single_f32(255.0, m, l1, hid) for m, l1 in zip(prep.r_max, prep.r_l1))
         # a zero initial state (as exporters write it) has scale 1 and zero point 0
         zero_start = initial_h is None or not np.any(initial_h)
         # both directions step together while their recurrent weights (as float32)
@@ -331,7 +343,7 @@ class DynamicQuantizeLSTM(Kernel):
                 np.matmul(q3, rc, out=acc)
             else:
                 for d in range(dirs):
-                    acc[d] = _int_matmul(q3[d], rc[d], 255.0, r_max[d])
+                    acc[d] = _int_matmul(q3[d], rc[d], 255.0, r_max[d])  # in exact chunks
             if per_row:
                 np.multiply(scale, rs, out=mult)
             else:
