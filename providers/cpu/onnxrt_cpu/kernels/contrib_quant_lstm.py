@@ -60,8 +60,9 @@ def _dequantize_lstm_weight(w, scale, zero_point, what, desc) -> np.ndarray:
 class _Prepared:
     """Centred float32 weights of a DynamicQuantizeLSTM for its emulation: ``w``
     ``[D, input, 4H]`` as one ``[input, D * 4H]`` GEMM operand, ``r_neg`` ``[D, H,
-    4H]`` (the sigmoid gates' columns negated), their largest magnitudes, and the
-    per-column scales ``[D, 4H]`` (scalar ones repeated)."""
+    4H]`` (the sigmoid gates' columns negated), their largest magnitudes and column
+    sums, the per-column scales ``[D, 4H]`` (scalar ones repeated) and W's with the
+    sigmoid gates' columns negated."""
 
     def __init__(self, w, w_max, w_scale, r, r_max, r_scale):
         dirs, size, h4 = w.shape
@@ -70,7 +71,11 @@ class _Prepared:
         # the columns' absolute sums bound the products more tightly than the largest
         # magnitude times the length: one exact float32 GEMM for longer rows
         self.w_l1 = column_l1(self.w_cat)
-        self.w_scale = np.ascontiguousarray(w_scale).reshape(-1)
+        # the sigmoid gates' columns negated (exact), as 1 / (1 + exp(-x)) reads them:
+        # the scaled products and the bias come out negated there
+        self.sign = np.ones(h4, _F32)
+        self.sign[: 3 * (h4 // 4)] = -1
+        self.w_scale_signed = (w_scale * self.sign).reshape(-1)
         self.r_max = [float(np.abs(r[d]).max(initial=0)) for d in range(dirs)]
         self.r_l1 = [column_l1(r[d]) for d in range(dirs)]
         # the sigmoid gates' columns negated (exact), as 1 / (1 + exp(-x)) reads them
@@ -194,10 +199,12 @@ class DynamicQuantizeLSTM(Kernel):
         # X quantized once for all steps, its product with every direction's W one GEMM
         xq, xs = self._quant_rows(x.reshape(seq * batch, -1))
         gxa = int_matmul_f32(xq, prep.w_cat, 255.0, prep.w_max, prep.w_l1)
-        gxa *= xs * prep.w_scale
+        # the sigmoid gates' inputs negated (exact), as 1 / (1 + exp(-x)) reads them
+        # (R's columns are negated alike)
+        gxa *= xs * prep.w_scale_signed
         if b is not None:
             b = b.reshape(dirs, 2, h4)
-            gxa += (b[:, 0] + b[:, 1]).reshape(-1)
+            gxa += ((b[:, 0] + b[:, 1]) * prep.sign).reshape(-1)
         # every step of both directions at once: direction d's step t reads gx[t, d],
         # the reverse direction's inputs stored in reverse time order
         gx = np.zeros((seq, dirs, rows, h4), _F32)
@@ -215,9 +222,6 @@ class DynamicQuantizeLSTM(Kernel):
                 gx[:, d, :batch] = gxa[:, :, d]
             else:
                 gx[:, d, :batch] = gxa[::-1, :, d] if rev is None else gxa[:, :, d][rev]
-        # the sigmoid gates' inputs negated (exact), as 1 / (1 + exp(-x)) reads them
-        # (R's columns are negated alike)
-        gx[..., : 3 * hid] *= -1
         ys = np.zeros((seq + 1, dirs, rows, hid), _F32)  # ys[0]: the initial state
         cell = np.zeros((dirs, rows, hid), _F32)
         # each row's cell at its last valid step (ragged), else the last cell
