@@ -1334,7 +1334,7 @@ def test_dynamic_quantize_lstm_detects_a_hidden_state_that_saturates():
 def test_dynamic_quantize_lstm_directions_apart_equal_directions_together(ragged, monkeypatch):
     # the two directions step together while their recurrent weights are small, one
     # at a time past that: the same values bit for bit
-    from onnxrt_cpu.kernels import contrib_quant_lstm
+    from onnxrt_cpu.kernels import rnn
 
     inputs = _dq_lstm_inputs("bidirectional", True, s=5, b=6, h=24, states=True, rng=np.random.default_rng(4))
     if ragged:
@@ -1349,7 +1349,7 @@ def test_dynamic_quantize_lstm_directions_apart_equal_directions_together(ragged
     so.intra_op_num_threads = 2
     outs = []
     for limit in (1 << 30, 0):
-        monkeypatch.setattr(contrib_quant_lstm, "_TOGETHER_MAX_BYTES", limit)
+        monkeypatch.setattr(rnn, "_BOTH_MAX_WEIGHT_BYTES", limit)
         outs.append(onnxrt.InferenceSession(model, so, providers=["CPUExecutionProvider"]).run(None, feeds))
     for a, b in zip(*outs):
         np.testing.assert_array_equal(a, b)

@@ -17,7 +17,7 @@ from .quantize import (
     dynamic_quantize_linear,
     int_matmul_f32,
 )
-from .rnn import LSTM, ragged_lengths, ragged_steps
+from .rnn import LSTM, directions_together, ragged_lengths, ragged_steps
 
 __all__ = ["DynamicQuantizeLSTM"]
 
@@ -48,12 +48,18 @@ def _check_lstm_weight(w, scale, zero_point, what, desc) -> tuple[np.ndarray, np
     return s, z, shapes
 
 
+def _centred_lstm_weight(w, scale, zero_point, what, desc) -> tuple[np.ndarray, np.ndarray]:
+    """``w - zero_point`` as exact float32 ``[D, size, 4H]``, and the scale shaped to
+    multiply it (``[D or 1, 1, 4H or 1]``), both checked by :func:`_check_lstm_weight`."""
+    s, z, shapes = _check_lstm_weight(w, scale, zero_point, what, desc)
+    return w.astype(_F32) - z.astype(_F32).reshape(shapes[z.shape]), s.reshape(shapes[s.shape])
+
+
 def _dequantize_lstm_weight(w, scale, zero_point, what, desc) -> np.ndarray:
     """``[D, in, 4H]`` 8-bit weights (per direction or per column) to the float
     ``[D, 4H, in]`` layout of ONNX LSTM."""
-    s, z, shapes = _check_lstm_weight(w, scale, zero_point, what, desc)
-    v = w.astype(_F32) - z.astype(_F32).reshape(shapes[z.shape])
-    v *= s.reshape(shapes[s.shape])
+    v, s = _centred_lstm_weight(w, scale, zero_point, what, desc)
+    v *= s
     return np.ascontiguousarray(v.transpose(0, 2, 1))
 
 
@@ -72,15 +78,14 @@ class _Prepared:
         # magnitude times the length: one exact float32 GEMM for longer rows
         self.w_l1 = column_l1(self.w_cat)
         # the sigmoid gates' columns negated (exact), as 1 / (1 + exp(-x)) reads them:
-        # the scaled products and the bias come out negated there
+        # in W's scales and R itself, so that the products and the bias come out
+        # negated there
         self.sign = np.ones(h4, _F32)
         self.sign[: 3 * (h4 // 4)] = -1
         self.w_scale_signed = (w_scale * self.sign).reshape(-1)
         self.r_max = [float(np.abs(r[d]).max(initial=0)) for d in range(dirs)]
         self.r_l1 = [column_l1(r[d]) for d in range(dirs)]
-        # the sigmoid gates' columns negated (exact), as 1 / (1 + exp(-x)) reads them
-        self.r_neg = np.array(r)
-        self.r_neg[..., : 3 * (h4 // 4)] *= -1
+        self.r_neg = r * self.sign
         self.r_scale = np.ascontiguousarray(r_scale)
         #: one scale per direction: the step scales rows, not columns
         self.r_scale_per_direction = bool((r_scale == r_scale[:, :1]).all())
@@ -88,12 +93,6 @@ class _Prepared:
     def recurrent(self, part: slice):
         """``(r_neg, r_scale, per-direction scales, r_max)`` of the directions ``part``."""
         return self.r_neg[part], self.r_scale[part], self.r_scale_per_direction, self.r_max[part]
-
-
-#: Both directions of a bidirectional layer step together while their recurrent
-#: weights, as float32, take at most this many bytes (as the float LSTM's,
-#: :data:`rnn._BOTH_MAX_WEIGHT_BYTES`, and for the same reason).
-_TOGETHER_MAX_BYTES = 1 << 20
 
 
 @op("DynamicQuantizeLSTM", since=1, domain=MS)
@@ -112,9 +111,8 @@ class DynamicQuantizeLSTM(Kernel):
     default activations without clip, peepholes or ``input_forget``, ragged
     ``sequence_lens`` included (as in onnxruntime, a row's state past its length is
     zero, so that it stays out of its group's range); for the rest the weights are
-    dequantized (once, when constant)
-    and the float ONNX LSTM runs, which differs from onnxruntime by its activation
-    rounding only.
+    dequantized (once, when constant) and the float ONNX LSTM runs, which differs from
+    onnxruntime by the dynamic quantization of X and of the hidden state.
     """
 
     def setup(self):
@@ -155,10 +153,8 @@ class DynamicQuantizeLSTM(Kernel):
         direction's together (:class:`_Prepared`)."""
 
         def centred(q, sc, zp, what):
-            s, z, shapes = _check_lstm_weight(q, sc, zp, what, desc)
-            c = q.astype(_F32) - z.astype(_F32).reshape(shapes[z.shape])
-            scl = np.broadcast_to(s.reshape(shapes[s.shape])[:, 0], (q.shape[0], q.shape[2]))
-            return c, float(np.abs(c).max(initial=0)), scl
+            c, s = _centred_lstm_weight(q, sc, zp, what, desc)
+            return c, float(np.abs(c).max(initial=0)), np.broadcast_to(s[:, 0], (q.shape[0], q.shape[2]))
 
         if w.shape[0] != r.shape[0] or w.shape[2] != r.shape[2] or r.shape[2] != 4 * r.shape[1]:
             raise ValueError(f"{desc}: W {w.shape} and R {r.shape} must be [D, input, 4H] and [D, H, 4H]")
@@ -233,9 +229,8 @@ class DynamicQuantizeLSTM(Kernel):
         # a zero initial state (as exporters write it) has scale 1 and zero point 0
         zero_start = initial_h is None or not np.any(initial_h)
         # both directions step together while their recurrent weights (as float32)
-        # stay small; past that each step would read both from beyond the L2 cache,
-        # where one direction at a time keeps its own there
-        together = prep.r_neg.nbytes <= _TOGETHER_MAX_BYTES
+        # are small enough, as the float LSTM's do
+        together = directions_together(prep.r_neg.nbytes)
         parts = [slice(None)] if together else [slice(d, d + 1) for d in range(dirs)]
         for careful in (False, True):
             ys[0] = 0
@@ -283,7 +278,8 @@ class DynamicQuantizeLSTM(Kernel):
 
     def _steps(self, recurrent, gx, ys, cell, scales, ranges, fr, exact, careful, zero_start, masks=None,
                last_cell=None):
-        """The time loop of :meth:`_emulate`, both directions at once, writing the
+        """The time loop of :meth:`_emulate` for the directions it is given (both at
+        once, or one), writing the
         hidden states to ``ys[1:]``, the cell to ``cell``, and each step's scales and
         ranges to ``scales`` and ``ranges`` (views of the directions ``recurrent``,
         :meth:`_Prepared.recurrent`, belongs to). Each step's state ``h`` is quantized

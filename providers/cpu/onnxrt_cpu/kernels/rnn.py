@@ -231,6 +231,12 @@ def ragged_steps(lens: np.ndarray, seq: int) -> tuple[np.ndarray, tuple[np.ndarr
 _BOTH_MAX_WEIGHT_BYTES = 1 << 20
 
 
+def directions_together(weight_bytes: int) -> bool:
+    """Whether a bidirectional layer whose recurrent weights (both directions') take
+    ``weight_bytes`` steps both directions together (:data:`_BOTH_MAX_WEIGHT_BYTES`)."""
+    return weight_bytes <= _BOTH_MAX_WEIGHT_BYTES
+
+
 class _Recurrent(Kernel):
     """Shared attribute parsing, weight packing and driver of the recurrent layers.
 
@@ -356,8 +362,7 @@ class _Recurrent(Kernel):
         if lens is not None:
             valid, rev = ragged_steps(lens, S)
             masks = valid[:, :, None]  # [S, B, 1]
-        both = (D == 2 and self._both_directions(p, extra)
-                and sum(r.nbytes for r in p["r_t"]) <= _BOTH_MAX_WEIGHT_BYTES)
+        both = D == 2 and self._both_directions(p, extra) and directions_together(sum(r.nbytes for r in p["r_t"]))
         if both:
             # both directions' steps at once, where a step of :meth:`_loop` is a
             # handful of numpy calls on small arrays (a bidirectional tagger at batch
