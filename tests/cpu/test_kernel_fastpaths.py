@@ -2,7 +2,7 @@
 
 - Conv: every lowering (1x1 as a plain GEMM, banded im2col + GEMM (from a padded grid,
   or on the input's own row pitch when the output rows are as wide), one band with the
-  product split over threads, grouped, depthwise through strided phases or on the input's row pitch,
+  product split over threads, grouped, depthwise through strided phases, on the input's row pitch or channels last,
   channels-last im2col of batches with one or two outputs per row) at 1 and 2 kernel threads, against
   onnxruntime;
 - ``onnxrt_cpu.parallel``: ``parallel_for`` runs each chunk once and re-raises
@@ -25,6 +25,7 @@ import onnxrt as ort
 from onnxrt import plugins
 from onnxrt.threads import ThreadSettings, blas_threads, current_thread_count
 from onnxrt_cpu import parallel
+from onnxrt_cpu.kernels import conv as conv_kernels
 
 rt = pytest.importorskip("onnxruntime")
 
@@ -70,9 +71,9 @@ CONVS = [
     ("depthwise-stride2", (2, 48, 57, 56), (48, 1, 3, 3), {"group": 48, "pads": [1, 1, 1, 1], "strides": [2, 2]}),
     ("depthwise-5x5-s2-dil", (1, 24, 41, 40), (24, 1, 5, 5),
      {"group": 24, "pads": [3, 4, 4, 3], "strides": [2, 3], "dilations": [2, 1]}),
-    ("depthwise-same-lower", (1, 16, 15, 16), (16, 1, 4, 4), {"group": 16, "auto_pad": "SAME_LOWER", "strides": [2, 2]}),
+    ("depthwise-same-lower", (1, 16, 31, 32), (16, 1, 4, 4), {"group": 16, "auto_pad": "SAME_LOWER", "strides": [2, 2]}),
     # without a bias (no row of ones), and a 3-D one whose phases' taps are 3-D grids
-    ("depthwise-stride2-no-bias", (1, 10, 20, 21), (10, 1, 3, 3), {"group": 10, "pads": [1, 1, 1, 1], "strides": [2, 2],
+    ("depthwise-stride2-no-bias", (1, 10, 40, 41), (10, 1, 3, 3), {"group": 10, "pads": [1, 1, 1, 1], "strides": [2, 2],
                                                                    "bias": False}),
     ("depthwise-3d-stride2", (1, 12, 9, 10, 11), (12, 1, 3, 3, 3), {"group": 12, "pads": [1] * 6, "strides": [2, 2, 2]}),
     # stride 1, output rows as wide as the input's: the taps read on the input's own row pitch
@@ -80,6 +81,13 @@ CONVS = [
     ("depthwise-rows-dilated", (1, 24, 10, 6), (24, 1, 3, 3), {"group": 24, "pads": [2, 3, 2, 1], "dilations": [2, 2]}),
     ("depthwise-rows-narrow", (1, 8, 5, 2), (8, 1, 5, 5), {"group": 8, "pads": [2, 2, 2, 2]}),
     ("depthwise-rows-blocks", (1, 200, 40, 40), (200, 1, 3, 3), {"group": 200, "auto_pad": "SAME_UPPER"}),
+    # small maps, many channels or strided: channels last, one einsum over a strided view
+    ("depthwise-last-7x7", (2, 160, 7, 7), (160, 1, 3, 3), {"group": 160, "pads": [1, 1, 1, 1]}),
+    ("depthwise-last-s2-dil-asym", (1, 64, 13, 12), (64, 1, 5, 5),
+     {"group": 64, "pads": [2, 3, 1, 0], "strides": [2, 1], "dilations": [1, 2]}),
+    ("depthwise-last-same-lower", (1, 16, 15, 16), (16, 1, 4, 4),
+     {"group": 16, "auto_pad": "SAME_LOWER", "strides": [2, 2]}),
+    ("depthwise-last-unpadded-no-bias", (1, 300, 8, 8), (300, 1, 3, 3), {"group": 300, "bias": False}),
     # batches of small images: channels-last im2col of several images per product
     ("batch-stem-7x7-s2", (8, 3, 64, 64), (16, 3, 7, 7), {"pads": [3, 3, 3, 3], "strides": [2, 2]}),
     ("batch-3x3", (8, 16, 16, 16), (32, 16, 3, 3), {"pads": [1, 1, 1, 1]}),
@@ -115,6 +123,21 @@ def test_conv_paths_match_onnxruntime(name, x_shape, w_shape, attrs, threads, mo
     np.testing.assert_allclose(sess.run(None, {"x": x2})[0], ref.run(None, {"x": x2})[0], rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("name", [c[0] for c in CONVS if c[0].startswith("depthwise")])
+def test_depthwise_runs_channels_last_on_small_maps_only(name, monkeypatch):
+    """The cases named ``depthwise-last-*`` take the channels-last path, and the other
+    depthwise cases keep the gathered taps (so both stay covered above)."""
+    _, x_shape, w_shape, attrs = next(c for c in CONVS if c[0] == name)
+    calls = []
+    original = conv_kernels._depthwise_channels_last
+    monkeypatch.setattr(conv_kernels, "_depthwise_channels_last",
+                        lambda *a, **k: calls.append(1) or original(*a, **k))
+    sess = ort.InferenceSession(_conv_model(x_shape, w_shape, **attrs).SerializeToString(),
+                                providers=["CPUExecutionProvider"])
+    sess.run(None, {"x": np.zeros(x_shape, np.float32)})
+    assert bool(calls) == name.startswith("depthwise-last")
+
+
 FUSED = [
     # a batch of small images: channels-last product, transposed back, then finished
     ("batch-3x3", (6, 16, 12, 12), 3, 1),
@@ -127,6 +150,8 @@ FUSED = [
     ("1x1-grouped", (2, 24, 9, 9), 1, 4),
     # depthwise: the bias rides in the product, the residual and Relu follow
     ("depthwise", (2, 40, 14, 14), 3, 40),
+    # depthwise channels last: bias added to the channels-last result, then the rest
+    ("depthwise-channels-last", (2, 200, 7, 7), 3, 200),
 ]
 
 
