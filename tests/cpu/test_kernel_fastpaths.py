@@ -227,6 +227,65 @@ def test_expanding_1x1_conv_with_bias_in_the_product_matches_onnxruntime(residua
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("x_shape,strides", [((1, 24, 30, 30), [1, 1]), ((1, 24, 41, 40), [2, 2])],
+                         ids=["rows", "phases"])
+def test_depthwise_constant_bias_folded_once(x_shape, strides, monkeypatch):
+    """The depthwise weight with its constant bias as one more tap is built on the
+    first run and kept, not rebuilt on every run."""
+    rng = np.random.default_rng(6)
+    c = x_shape[1]
+    w = (rng.standard_normal((c, 1, 3, 3)) / 3).astype(np.float32)
+    b = rng.standard_normal(c).astype(np.float32)
+    model = make_model([helper.make_node("Conv", ["x", "w", "b"], ["y"], group=c, pads=[1, 1, 1, 1],
+                                         strides=strides)],
+                       [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x_shape))],
+                       [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                       [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")]).SerializeToString()
+    folded = []
+    original = conv_kernels._ConvWeights.depthwise_taps
+
+    def spy(self, *args):
+        result = original(self, *args)
+        folded.append(result[0])
+        return result
+
+    monkeypatch.setattr(conv_kernels._ConvWeights, "depthwise_taps", spy)
+    sess = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
+    x = rng.standard_normal(x_shape).astype(np.float32)
+    want, = rt.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    for _ in range(2):
+        np.testing.assert_allclose(sess.run(None, {"x": x})[0], want, rtol=1e-5, atol=1e-5)
+    assert len(folded) == 2 and folded[0] is folded[1]
+
+
+@pytest.mark.parametrize("x_shape,group,k,strides", [
+    ((1, 24, 30, 30), 24, 3, [1, 1]),  # depthwise on the row pitch
+    ((1, 24, 41, 40), 24, 3, [2, 2]),  # depthwise through stride phases
+    ((1, 24, 28, 28), 1, 1, [1, 1]),  # 1x1 to more channels: the bias as a row of ones
+], ids=["depthwise-rows", "depthwise-phases", "1x1-expanding"])
+def test_conv_bias_fed_at_run_time_in_the_same_array(x_shape, group, k, strides):
+    """A bias fed at run time is folded into the weight afresh on every run: the same
+    array holding new values gives the new answer."""
+    rng = np.random.default_rng(7)
+    c = x_shape[1]
+    m = c if group > 1 else 6 * c
+    w = (rng.standard_normal((m, c // group, k, k)) / (3 * k)).astype(np.float32)
+    p = k // 2
+    model = make_model([helper.make_node("Conv", ["x", "w", "b"], ["y"], group=group, pads=[p] * 4, strides=strides)],
+                       [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x_shape)),
+                        helper.make_tensor_value_info("b", TensorProto.FLOAT, [m])],
+                       [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                       [numpy_helper.from_array(w, "w")]).SerializeToString()
+    sess = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
+    ref = rt.InferenceSession(model, providers=["CPUExecutionProvider"])
+    x = rng.standard_normal(x_shape).astype(np.float32)
+    bias = np.empty(m, np.float32)
+    for seed in (8, 9):
+        bias[...] = np.random.default_rng(seed).standard_normal(m)
+        np.testing.assert_allclose(sess.run(None, {"x": x, "b": bias})[0], ref.run(None, {"x": x, "b": bias})[0],
+                                   rtol=1e-5, atol=1e-5)
+
+
 def test_conv_without_constant_weight_matches_onnxruntime():
     """A weight fed at run time (not prepacked) takes the same paths."""
     model = make_model(

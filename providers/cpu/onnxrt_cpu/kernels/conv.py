@@ -221,33 +221,46 @@ class _ConvWeights:
             self._last = np.ascontiguousarray(self.depthwise.T.reshape(*self.kernel, c))
         return self._last
 
-    def depthwise_taps(self, order, bias):
+    def depthwise_taps(self, order, bias, constant=None):
         """The depthwise weight as ``[C, 1, taps]`` with its taps in ``order`` (a tuple,
         or None for kernel order), and the rows of gathered taps it multiplies: with a
         ``bias`` ``[C, 1]``, the bias as one more tap, which reads a row of ones, so the
         product carries it (one more row in a product that is in cache, where adding
-        it afterwards is a pass over the whole output: 144 x 56 x 56, 112 us). Kept
-        for the last order and bias array seen."""
-        cached = self._taps
-        if cached is None or cached[0] != order or cached[1] is not bias:
-            c, taps = self.depthwise.shape
-            w3 = self.depthwise.reshape(c, 1, taps)
-            if order is not None:
-                w3 = w3[:, :, list(order)]
-            if bias is not None:
-                w3 = np.concatenate([w3, bias.reshape(-1, 1, 1).astype(w3.dtype, copy=False)], axis=2)
-            cached = self._taps = (order, bias, (w3, w3.shape[2]))
-        return cached[2]
+        it afterwards is a pass over the whole output: 144 x 56 x 56, 112 us).
 
-    def biased(self, bias: np.ndarray) -> np.ndarray:
+        Kept for the last order and ``constant``, the node's constant bias array
+        (``bias`` is a new view of it on every call); a bias fed at run time
+        (``constant`` None) may hold new values in the same memory, so it is folded
+        in afresh every call."""
+        cached = self._taps
+        if bias is None or constant is not None:
+            if cached is not None and cached[0] == order and cached[1] is constant:
+                return cached[2]
+        c, taps = self.depthwise.shape
+        w3 = self.depthwise.reshape(c, 1, taps)
+        if order is not None:
+            w3 = w3[:, :, list(order)]
+        if bias is not None:
+            w3 = np.concatenate([w3, bias.reshape(-1, 1, 1).astype(w3.dtype, copy=False)], axis=2)
+        result = (w3, w3.shape[2])
+        if bias is None or constant is not None:
+            self._taps = (order, constant, result)
+        return result
+
+    def biased(self, bias: np.ndarray, constant=None) -> np.ndarray:
         """The group-1 GEMM weight ``[M, K + 1]`` with ``bias`` (``[M]``) as its last
         column: times an input with a row of ones appended, the product carries the
-        bias. Kept for the last bias array seen (the same constant, in practice)."""
+        bias. Kept for ``constant``, the node's constant bias (``bias`` itself, as the
+        caller passes it); a bias fed at run time may hold new values in the same
+        array, so it is folded in afresh every call."""
         cached = self._biased
-        if cached is None or cached[0] is not bias:
-            col = bias.astype(self.gemm.dtype, copy=False).reshape(-1, 1)
-            cached = self._biased = (bias, np.concatenate([self.gemm[0], col], axis=1))
-        return cached[1]
+        if constant is not None and cached is not None and cached[0] is constant:
+            return cached[1]
+        col = bias.astype(self.gemm.dtype, copy=False).reshape(-1, 1)
+        weight = np.concatenate([self.gemm[0], col], axis=1)
+        if constant is not None:
+            self._biased = (constant, weight)
+        return weight
 
 
 def _runs_view(base: np.ndarray, run: int, shape, strides, offset: int = 0) -> np.ndarray:
@@ -303,7 +316,7 @@ _BAND_MIN_COLS = 128
 
 
 def _conv_forward(x, wp: _ConvWeights, strides, dilations, pb, pe, out_sp, bias=None, pad_value=0,
-                  residual=None, activation=None):
+                  residual=None, activation=None, constant_bias=False):
     """The convolution of ``x`` ``[N, C, *sp]`` (already in the compute dtype).
 
     The output is computed in bands of rows of the first output axis: each band's
@@ -313,6 +326,8 @@ def _conv_forward(x, wp: _ConvWeights, strides, dilations, pb, pe, out_sp, bias=
 
     ``residual`` (shaped like the output) is added and ``activation(out)`` (in place)
     applied band by band, while each band is still in cache (FusedConv).
+    ``constant_bias`` says ``bias`` is the node's constant, whose folding into the
+    weight (as one more column or tap) may be kept across calls.
     """
     n, c = x.shape[:2]
     g = wp.group
@@ -331,9 +346,10 @@ def _conv_forward(x, wp: _ConvWeights, strides, dilations, pb, pe, out_sp, bias=
         raise ValueError(f"Z has shape {residual.shape}, the convolution gives {y.shape}")
     unit = all(k == 1 for k in kernel) and all(s == 1 for s in strides) and not any(pb) and not any(pe)
     bcol = None if bias is None else bias.astype(y.dtype, copy=False).reshape(m, 1)
+    bias_key = bias if constant_bias else None
 
     if wp.depthwise is not None and not unit:
-        _depthwise(x, wp, strides, dilations, pb, pe, out_sp, y, pad_value, bcol)
+        _depthwise(x, wp, strides, dilations, pb, pe, out_sp, y, pad_value, bcol, bias_key)
         if residual is not None:
             y += residual
         if activation is not None:
@@ -377,7 +393,7 @@ def _conv_forward(x, wp: _ConvWeights, strides, dilations, pb, pe, out_sp, bias=
             xb = _scratch((c + 1) * L, x.dtype).reshape(c + 1, L)
             xb[:c] = xv[0]
             xb[c] = 1
-            np.matmul(wp.biased(bias), xb, out=yv[0])
+            np.matmul(wp.biased(bias, bias_key), xb, out=yv[0])
             finish(yv[0], 0, 0, with_bias=False)
             return y
         if n * g == 1:
@@ -719,7 +735,7 @@ def _phase_geometry(in_sp, kernel, strides, dilations, pb, pe, out_sp):
     return tuple(q), tuple(pitch), tuple(copies)
 
 
-def _depthwise(x, wp, strides, dilations, pb, pe, out_sp, y, pad_value, bias=None):
+def _depthwise(x, wp, strides, dilations, pb, pe, out_sp, y, pad_value, bias=None, bias_key=None):
     """Depthwise conv: per channel, one small product ``w[c] @ taps[c]``.
 
     The padded input is split into ``prod(strides)`` phases (``x[p::s]`` along each
@@ -744,7 +760,7 @@ def _depthwise(x, wp, strides, dilations, pb, pe, out_sp, y, pad_value, bias=Non
         _depthwise_channels_last(x, wp, strides, dilations, pb, pe, out_sp, y, pad_value, bias)
         return
     if (x.ndim == 4 and strides == (1, 1) and out_sp[1] == x.shape[3] and min(pb) >= 0 and min(pe) >= 0):
-        _depthwise_rows(x, wp, dilations, pb, pe, out_sp, y, pad_value, bias)
+        _depthwise_rows(x, wp, dilations, pb, pe, out_sp, y, pad_value, bias, bias_key)
         return
     n, c = x.shape[:2]
     w = wp.depthwise
@@ -762,7 +778,7 @@ def _depthwise(x, wp, strides, dilations, pb, pe, out_sp, y, pad_value, bias=Non
     # axis), so a 3x3 stride-2 kernel is 4 copies, not 9. cols holds the taps in
     # group order, the weights are permuted to match
     groups, order = _tap_groups(wp.kernel, strides, dilations, pitch)
-    w3, rows_k = wp.depthwise_taps(order, bias)
+    w3, rows_k = wp.depthwise_taps(order, bias, bias_key)
     spaces = {}
 
     def space():
@@ -915,7 +931,7 @@ def _tap_groups(kernel, strides, dilations, pitch):
     return tuple(groups), tuple(order)
 
 
-def _depthwise_rows(x, wp, dilations, pb, pe, out_sp, y, pad_value, bias=None):
+def _depthwise_rows(x, wp, dilations, pb, pe, out_sp, y, pad_value, bias=None, bias_key=None):
     """:func:`_depthwise` for a stride-1 2-D layer whose output rows are as wide as
     its input rows (the usual "same" 3x3 layer), on the input's own row pitch.
 
@@ -936,7 +952,7 @@ def _depthwise_rows(x, wp, dilations, pb, pe, out_sp, y, pad_value, bias=None):
     head, per, edges = _row_pitch(h, wd, pb, pe, kw, dw)
     cb = max(1, min(c, _DEPTHWISE_BLOCK_ELEMS // max(1, taps * length)))
     jobs = [(i, c0) for i in range(n) for c0 in range(0, c, cb)]
-    w3, rows_k = wp.depthwise_taps(None, bias)
+    w3, rows_k = wp.depthwise_taps(None, bias, bias_key)
     spaces = {}
 
     def space():
@@ -1075,8 +1091,9 @@ class Conv(Kernel):
         wp = _weight_for(self, w, self.group, cdt)
         if residual is not None:
             residual = residual.astype(cdt, copy=False)
+        constant_bias = b is not None and b is self.node.constants.get(2)
         y = _conv_forward(x.astype(cdt, copy=False), wp, strides, dil, pb, pe, out_sp, b,
-                          residual=residual, activation=activation)
+                          residual=residual, activation=activation, constant_bias=constant_bias)
         return y.astype(x.dtype, copy=False)
 
 
