@@ -442,6 +442,38 @@ def test_quantized_1x1_conv_reads_its_rows_from_the_input(monkeypatch):
     assert not gathers
 
 
+@pytest.mark.parametrize("shape", [(3, 8, 12, 12), (1, 8, 30, 30)], ids=["batch-rows", "one-image"])
+def test_qlinear_conv_bias_fed_at_run_time_in_the_same_array(shape):
+    """QLinearConv with its int32 bias fed at run time: the same array holding new
+    values (one large enough to leave the float32 accumulator) gives the new answer,
+    bit for bit onnxruntime's; nothing derived from a fed bias is kept."""
+    rng = np.random.default_rng(8)
+    m, c = 16, shape[1]
+    inits = [
+        helper.make_tensor("s_in", TensorProto.FLOAT, [], [0.05]),
+        helper.make_tensor("z_in", TensorProto.UINT8, [], [121]),
+        helper.make_tensor("s_w", TensorProto.FLOAT, [], [0.01]),
+        helper.make_tensor("z_w", TensorProto.INT8, [], [0]),
+        helper.make_tensor("s_out", TensorProto.FLOAT, [], [0.4]),
+        helper.make_tensor("z_out", TensorProto.UINT8, [], [128]),
+        numpy_helper.from_array(rng.integers(-128, 128, (m, c, 3, 3)).astype(np.int8), "w"),
+    ]
+    node = helper.make_node("QLinearConv", ["x", "s_in", "z_in", "w", "s_w", "z_w", "s_out", "z_out", "b"],
+                            ["y"], pads=[1, 1, 1, 1])
+    graph = helper.make_graph([node], "qbias", [helper.make_tensor_value_info("x", TensorProto.UINT8, None),
+                                                helper.make_tensor_value_info("b", TensorProto.INT32, [m])],
+                              [helper.make_tensor_value_info("y", TensorProto.UINT8, None)], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=10).SerializeToString()
+    sess = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
+    ref = rt.InferenceSession(model, providers=["CPUExecutionProvider"])
+    x = rng.integers(0, 256, shape).astype(np.uint8)
+    bias = np.empty(m, np.int32)
+    for values in (rng.integers(-3000, 3000, m), rng.integers(-3000, 3000, m), np.full(m, 2**25), -np.arange(m) * 700):
+        bias[...] = values
+        got, = sess.run(None, {"x": x, "b": bias})
+        np.testing.assert_array_equal(got, ref.run(None, {"x": x, "b": bias})[0])
+
+
 def test_integer_products_are_exact_on_either_side_of_the_column_sum_bound(monkeypatch):
     """A constant 8-bit B whose columns' absolute sums times max |A| stay below 2**24
     is multiplied in one float32 product, although K * max |A| * max |B| is far above

@@ -1276,21 +1276,34 @@ class _IntConvBase(Kernel):
                       lambda a, b, dst: _exact_product(a, b, kchunk, dst))
         return out, (n, oh, ow), bias is not None
 
+    def _constant_bias(self, b) -> bool:
+        """Whether ``b`` is the node's constant bias (QLinearConv's input 8): what is
+        derived from it may be kept across runs. A bias fed at run time may hold new
+        values in the same array, so nothing derived from it is kept."""
+        return b is not None and b is self.node.constants.get(8)
+
     def _bias_max(self, b) -> int:
-        """``max |b|`` (0 if empty), kept for the last bias array seen (a constant)."""
+        """``max |b|`` (0 if empty), kept for the node's constant bias."""
         cached = self._bias_bound
-        if cached is None or cached[0] is not b:
-            cached = self._bias_bound = (b, int(np.abs(b.astype(np.int64)).max()) if b.size else 0)
-        return cached[1]
+        if cached is not None and cached[0] is b:
+            return cached[1]
+        bound = int(np.abs(b.astype(np.int64)).max()) if b.size else 0
+        if self._constant_bias(b):
+            self._bias_bound = (b, bound)
+        return bound
 
     def _with_bias_row(self, w_rows, bias, pairs):
         """``w_rows`` ``[K, pairs * M]`` with the bias (repeated for each of the
-        ``pairs`` outputs) as one more row, kept for the last weight and bias seen."""
+        ``pairs`` outputs) as one more row, kept for the last weight and the node's
+        constant bias."""
         cached = self._bias_rows
-        if cached is None or cached[0] is not w_rows or cached[1] is not bias:
-            row = np.tile(bias.astype(np.float32), pairs).reshape(1, -1)
-            cached = self._bias_rows = (w_rows, bias, np.concatenate([w_rows, row]))
-        return cached[2]
+        if cached is not None and cached[0] is w_rows and cached[1] is bias:
+            return cached[2]
+        row = np.tile(bias.astype(np.float32), pairs).reshape(1, -1)
+        weight = np.concatenate([w_rows, row])
+        if self._constant_bias(bias):
+            self._bias_rows = (w_rows, bias, weight)
+        return weight
 
     def _pack(self, w, wzp):
         wf = w.astype(np.float64)
