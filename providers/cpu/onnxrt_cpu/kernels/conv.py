@@ -831,8 +831,8 @@ def _depthwise(x, wp, strides, dilations, pb, pe, out_sp, y, pad_value, bias=Non
     parallel.parallel_for(len(jobs), block, 1 if work < parallel.PARALLEL_MIN_FLOPS else None)
 
 
-#: Up to this many output positions per channel a strided 2-D depthwise convolution
-#: runs channels last (:func:`_channels_last_pays`).
+#: Up to this many output positions per channel a 2-D depthwise convolution may run
+#: channels last (:func:`_channels_last_pays`).
 _CHANNELS_LAST_MAX_POSITIONS = 196
 
 
