@@ -47,6 +47,21 @@ def test_conv_add_relu_becomes_fused_conv_with_a_residual():
     assert sess._built.graph.nodes[0].inputs[3] == "r"
 
 
+@pytest.mark.parametrize("order", [["c", "r"], ["r", "c"]])
+def test_conv_sum_of_two_relu_becomes_fused_conv_with_a_residual(order):
+    """A two-input Sum (Caffe2-converted ResNets write their residuals so) is the same
+    addition as Add; a Sum of three is left alone."""
+    m = conv_model(helper.make_node("Sum", order, ["s"]), helper.make_node("Relu", ["s"], ["y"]),
+                   extra_inputs=[vi("r", [1, 4, 8, 8])])
+    sess = assert_same_outputs(m, dict(FEEDS, r=f32(1, 4, 8, 8, seed=4)), atol=1e-5)
+    assert ops(sess) == {"com.microsoft:FusedConv": 1}
+    assert sess._built.graph.nodes[0].inputs[3] == "r"
+    three = conv_model(helper.make_node("Sum", ["c", "r", "r"], ["s"]), helper.make_node("Relu", ["s"], ["y"]),
+                       extra_inputs=[vi("r", [1, 4, 8, 8])])
+    sess = assert_same_outputs(three, dict(FEEDS, r=f32(1, 4, 8, 8, seed=4)), atol=1e-5)
+    assert ops(sess) == {"Conv": 1, "Sum": 1, "Relu": 1}
+
+
 def test_residual_that_broadcasts_is_not_taken_as_z():
     m = conv_model(helper.make_node("Add", ["c", "r"], ["s"]), helper.make_node("Relu", ["s"], ["y"]),
                    extra_inputs=[vi("r", [1, 1, 8, 8])])

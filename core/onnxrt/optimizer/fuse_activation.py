@@ -7,7 +7,9 @@ alpha; Clip: min, max; HardSigmoid: alpha, beta), FusedGemm's
 ``activation_alpha``/``activation_beta``.
 
 - ``conv_activation_fusion``: ``act(Conv(x, W, b))`` and ``act(Conv(x, W, b) + z)``
-  where ``z`` has exactly the convolution's shape (a residual) -> ``FusedConv``.
+  where ``z`` has exactly the convolution's shape (a residual) -> ``FusedConv``; the
+  ``+`` is an ``Add``, or a ``Sum`` of exactly two inputs (as Caffe2-converted
+  ResNets write their residuals), which is the same addition.
 - ``gemm_activation_fusion``: ``act(Gemm(a, b, c))`` -> ``FusedGemm`` (not Clip,
   which FusedGemm does not take).
 """
@@ -75,7 +77,7 @@ def conv_activation_fusion(graph, ctx) -> bool:
         old = [conv]
         act, params = _activation_after(view, y)
         if act is None:
-            add = view.only_reader(y, "Add")
+            add = view.only_reader(y, "Add") or view.only_reader(y, "Sum")
             if add is None or len(add.inputs) != 2 or add.inputs[0] == add.inputs[1]:
                 continue
             z = add.inputs[1] if add.inputs[0] == y else add.inputs[0]
