@@ -70,10 +70,10 @@ class _Prepared:
     sums, the per-column scales ``[D, 4H]`` (scalar ones repeated) and W's with the
     sigmoid gates' columns negated."""
 
-    def __init__(self, w, w_max, w_scale, r, r_max, r_scale):
+    def __init__(self, w, w_scale, r, r_scale):
         dirs, size, h4 = w.shape
         self.w_cat = np.ascontiguousarray(w.transpose(1, 0, 2).reshape(size, dirs * h4))
-        self.w_max = w_max
+        self.w_max = float(np.abs(w).max(initial=0))
         # the columns' absolute sums bound the products more tightly than the largest
         # magnitude times the length: one exact float32 GEMM for longer rows
         self.w_l1 = column_l1(self.w_cat)
@@ -154,7 +154,7 @@ class DynamicQuantizeLSTM(Kernel):
 
         def centred(q, sc, zp, what):
             c, s = _centred_lstm_weight(q, sc, zp, what, desc)
-            return c, float(np.abs(c).max(initial=0)), np.broadcast_to(s[:, 0], (q.shape[0], q.shape[2]))
+            return c, np.broadcast_to(s[:, 0], (q.shape[0], q.shape[2]))
 
         if w.shape[0] != r.shape[0] or w.shape[2] != r.shape[2] or r.shape[2] != 4 * r.shape[1]:
             raise ValueError(f"{desc}: W {w.shape} and R {r.shape} must be [D, input, 4H] and [D, H, 4H]")

@@ -232,10 +232,10 @@ class _ConvWeights:
         (``bias`` is a new view of it on every call); a bias fed at run time
         (``constant`` None) may hold new values in the same memory, so it is folded
         in afresh every call."""
+        keep = bias is None or constant is not None
         cached = self._taps
-        if bias is None or constant is not None:
-            if cached is not None and cached[0] == order and cached[1] is constant:
-                return cached[2]
+        if keep and cached is not None and cached[0] == order and cached[1] is constant:
+            return cached[2]
         c, taps = self.depthwise.shape
         w3 = self.depthwise.reshape(c, 1, taps)
         if order is not None:
@@ -243,7 +243,7 @@ class _ConvWeights:
         if bias is not None:
             w3 = np.concatenate([w3, bias.reshape(-1, 1, 1).astype(w3.dtype, copy=False)], axis=2)
         result = (w3, w3.shape[2])
-        if bias is None or constant is not None:
+        if keep:
             self._taps = (order, constant, result)
         return result
 
@@ -1034,6 +1034,13 @@ def _weight_for(k, w, group, dtype):
     return _ConvWeights(w, group, dtype)
 
 
+def _is_constant_input(k, value, index: int) -> bool:
+    """Whether ``value`` is kernel ``k``'s node's constant input ``index`` (the same
+    array every run, so what is derived from it may be kept), not a value fed or
+    computed at run time."""
+    return value is not None and value is k.node.constants.get(index)
+
+
 def _check_rank(x, w, what="input"):
     if x.ndim < 3:
         raise ValueError(f"{what} must have rank >= 3 (N, C, spatial...), got shape {x.shape}")
@@ -1091,7 +1098,7 @@ class Conv(Kernel):
         wp = _weight_for(self, w, self.group, cdt)
         if residual is not None:
             residual = residual.astype(cdt, copy=False)
-        constant_bias = b is not None and b is self.node.constants.get(2)
+        constant_bias = _is_constant_input(self, b, 2)
         y = _conv_forward(x.astype(cdt, copy=False), wp, strides, dil, pb, pe, out_sp, b,
                           residual=residual, activation=activation, constant_bias=constant_bias)
         return y.astype(x.dtype, copy=False)
@@ -1280,7 +1287,7 @@ class _IntConvBase(Kernel):
         """Whether ``b`` is the node's constant bias (QLinearConv's input 8): what is
         derived from it may be kept across runs. A bias fed at run time may hold new
         values in the same array, so nothing derived from it is kept."""
-        return b is not None and b is self.node.constants.get(8)
+        return _is_constant_input(self, b, 8)
 
     def _bias_max(self, b) -> int:
         """``max |b|`` (0 if empty), kept for the node's constant bias."""
