@@ -208,12 +208,6 @@ def _host_array_at(ptr: int, shape, dtype) -> np.ndarray:
     return np.frombuffer(buf, dtype=dt).reshape(shape)
 
 
-def _placeholder(value) -> np.ndarray:
-    """A host stand-in with the value's dtype and shape (no memory) for the feed checker."""
-    z = np.zeros(1, dtype=np.dtype(value.dtype))
-    return np.lib.stride_tricks.as_strided(z, shape=tuple(value.shape), strides=(0,) * len(value.shape))
-
-
 class IOBinding:
     """Binds inputs and outputs by name, then runs with ``session.run_with_iobinding``."""
 
@@ -302,7 +296,10 @@ class IOBinding:
                 host[n] = ov.device_array()
             else:
                 on_device[n] = ov
-        stand_ins = {n: _placeholder(ov.device_array()) for n, ov in on_device.items()}
+        from .plan import shape_stand_in
+
+        # the feed checker reads shapes and dtypes only
+        stand_ins = {n: shape_stand_in(ov.device_array()) for n, ov in on_device.items()}
         feeds = sess._checker.check({**host, **stand_ins})
         for n, ov in on_device.items():
             feeds[n] = ov.device_array()
@@ -397,7 +394,7 @@ def _specialized_plan(plan, feed_devices: dict[str, Any], keep_outputs: dict[int
 
 
 def _specialize(plan, feed_devices, keep_outputs):
-    from .plan import Plan, Step, _copy_fn
+    from .plan import SHAPE_READERS, Plan, Step, _copy_fn, shape_stand_in
 
     steps = list(plan.steps)
     readers: dict[int, list[int]] = {}
@@ -421,7 +418,13 @@ def _specialize(plan, feed_devices, keep_outputs):
             target = n_slots
             n_slots += 1
         input_slots[name] = target
-        if any(k not in drop for k in readers.get(slot, [])):
+        others = [steps[k] for k in readers.get(slot, []) if k not in drop]
+        if others and all(st.host and st.op_type in SHAPE_READERS and st.ins[0] == slot and slot not in st.ins[1:]
+                          for st in others):
+            # only host Shape/Size read it: they get its shape, not a copy of its data
+            first.append(Step(_copy_fn(shape_stand_in), (target,), (slot,), (), f"shape:{name}", "ShapeToHost",
+                              f"{dev.kind}->cpu", output_names=(name,), host=True))
+        elif others:
             # host kernels (or another device) read the input too: they get one host copy
             first.append(Step(_copy_fn(dev.to_host), (target,), (slot,), (), f"copy:{name}", "MemcpyToHost",
                               f"{dev.kind}->cpu", is_copy=True, output_names=(name,), src_device=dev))

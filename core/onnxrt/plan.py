@@ -222,7 +222,7 @@ class PlanBuilder:
         if overridable:
             self.input_slots[name] = s
 
-    def _read(self, name: str, device) -> int:
+    def _read(self, name: str, device, shape_only: bool = False) -> int:
         if not name:
             return _NONE_SLOT
         v = self.vals.get(name)
@@ -230,6 +230,8 @@ class PlanBuilder:
             raise InvalidArgument(f"value {name!r} is read before it is produced")
         if _same_memory(v.device, device):
             return v.slot
+        if shape_only and device.is_host:
+            return self._read_shape(name, v)
         key = (name, id(device))
         s = self.copies.get(key)
         if s is None:
@@ -248,9 +250,24 @@ class PlanBuilder:
             self.copies[key] = s
         return s
 
+    def _read_shape(self, name: str, v) -> int:
+        # a host Shape or Size of a device value needs its shape, not its data: the step
+        # hands the kernel a stand-in with no memory instead of copying the tensor
+        key = (name, "shape")
+        s = self.copies.get(key)
+        if s is None:
+            s = self._new_slot()
+            self.steps.append(
+                Step(_copy_fn(shape_stand_in), (v.slot,), (s,), (), f"shape:{name}", "ShapeToHost",
+                     f"{v.device.kind}->cpu", output_names=(name,), host=True)
+            )
+            self.copies[key] = s
+        return s
+
     def add_step(self, fn, inputs, outputs, device, node_name, op_type, provider, implicit=(), domain="") -> None:
         """A kernel call on ``device``; its outputs live there."""
-        ins = tuple(self._read(i, device) for i in inputs)
+        shape_only = op_type in SHAPE_READERS and not domain
+        ins = tuple(self._read(i, device, shape_only and k == 0) for k, i in enumerate(inputs))
         imp = tuple((n, self._read(n, self.host)) for n in implicit)
         outs = []
         for o in outputs:
@@ -304,6 +321,18 @@ def _same_memory(a, b) -> bool:
     if a is b:
         return True
     return a.is_host and b.is_host
+
+
+#: ops that read only the shape of their (first) input: a host one reads a device value
+#: through :func:`shape_stand_in`, with no copy of the data
+SHAPE_READERS = frozenset({"Shape", "Size"})
+
+
+def shape_stand_in(value) -> np.ndarray:
+    """A host array with ``value``'s shape and dtype and no memory behind it (every element
+    is the one zero), for kernels that read only shapes."""
+    z = np.zeros(1, dtype=np.dtype(value.dtype))
+    return np.lib.stride_tricks.as_strided(z, shape=tuple(value.shape), strides=(0,) * len(value.shape))
 
 
 def _copy_fn(f):

@@ -27,7 +27,14 @@ CHANCE = frozenset({
 })
 
 #: per provider name: extra exclusions on top of CPU's
-BY_PROVIDER: dict[str, dict[str, str]] = {}
+BY_PROVIDER: dict[str, dict[str, str]] = {
+    "CUDAExecutionProvider": {
+        "test_attention_4d_causal_fp16_expanded": "float16 on the GPU is computed in float32 and rounded "
+        "once per fused chain and per product, where the expected values round to float16 after every "
+        "node: 2 of 192 outputs differ by 2 float16 steps (0.46899 for 0.46948, 0.39844 for 0.39795), "
+        "and both are the closer to the exact attention in float64 (0.46919, 0.39830). Seen on an H100",
+    },
+}
 
 
 def excluded(provider: str) -> dict[str, str]:

@@ -133,3 +133,44 @@ def test_host_buffers_by_pointer(data):
 def test_unknown_device_is_a_clear_error(data):
     with pytest.raises(ort.InvalidArgument, match="no installed provider has a 'tpu' device"):
         ort.OrtValue.ortvalue_from_numpy(data[0], "tpu", 0)
+
+
+def _shape_model():
+    """y = Relu(x) + z on the fake device; s = Shape(y), n = Size(x) and a Reshape target
+    computed from Shape(x) on the CPU."""
+    nodes = [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Add", ["r", "z"], ["y"]),
+             helper.make_node("Shape", ["y"], ["s"], name="shape_y"), helper.make_node("Size", ["x"], ["n"], name="size_x"),
+             helper.make_node("Shape", ["x"], ["sx"], name="shape_x", start=-1)]
+    # a symbolic batch, so the optimizer cannot fold the shapes into constants
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3]),
+                                       helper.make_tensor_value_info("z", TensorProto.FLOAT, ["N", 3])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 3]),
+                           helper.make_tensor_value_info("s", TensorProto.INT64, [2]),
+                           helper.make_tensor_value_info("n", TensorProto.INT64, []),
+                           helper.make_tensor_value_info("sx", TensorProto.INT64, [1])])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=10).SerializeToString()
+
+
+def test_host_shape_of_a_device_value_copies_no_data(fake_provider, data):
+    """Shape and Size on the CPU read a device value's shape: its data stays on the device."""
+    x, z = data
+    sess = ort.InferenceSession(_shape_model(), providers=PROVIDERS)
+    prov = {a["node"]: a["provider"] for a in sess.get_provider_assignment()}
+    assert {prov[n] for n in ("shape_y", "size_x", "shape_x")} == {"CPUExecutionProvider"}, prov
+    b = sess.io_binding()
+    b.bind_ortvalue_input("x", ort.OrtValue.ortvalue_from_numpy(x, "fake"))
+    b.bind_ortvalue_input("z", ort.OrtValue.ortvalue_from_numpy(z, "fake"))
+    for name in ("y", "s", "n", "sx"):
+        b.bind_output(name, "fake" if name == "y" else "cpu")
+    before = _counts()
+    sess.run_with_iobinding(b)
+    assert _counts() == before, "a Shape or Size on the host copied a device value's data"
+    y, s, n, sx = b.copy_outputs_to_cpu()
+    np.testing.assert_array_equal(y, np.maximum(x, 0) + z)
+    assert s.tolist() == [2, 3] and int(n) == 6 and sx.tolist() == [3]
+    # a plain run: y is copied down once (it is an output), nothing else
+    f0, t0 = _counts()
+    y2, s2, n2, sx2 = sess.run(None, {"x": x, "z": z})
+    assert _counts() == (f0 + 2, t0 + 1)
+    np.testing.assert_array_equal(y2, y)
+    assert s2.tolist() == [2, 3] and int(n2) == 6 and sx2.tolist() == [3]

@@ -105,7 +105,12 @@ class FusedKernel:
         cp = self.cp
         arrays = [cp.asarray(a) for a in inputs]
         shapes = self.program.shapes([a.shape for a in arrays])
-        full = tuple(np.broadcast_shapes(*[a.shape for a in arrays])) if arrays else ()
+        try:
+            full = tuple(np.broadcast_shapes(*[a.shape for a in arrays])) if arrays else ()
+        except ValueError:
+            # branches of one group over different shapes (a scale computed once and
+            # applied to two tensors of different shapes): no single iteration space
+            full = None
         if any(shapes[o] != full for o in self.program.outputs):
             return tuple(self.program.evaluate(cp, arrays))
         return tuple(self._kernel(tuple(a.dtype for a in arrays))(*arrays))

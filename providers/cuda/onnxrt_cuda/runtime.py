@@ -86,8 +86,12 @@ def reset_availability() -> None:
 class DeviceScope:
     """Makes one device, this thread's stream and the session's allocator current.
 
-    Each thread gets its own non-blocking stream, so concurrent runs of one session
-    never wait on each other's work; a run's work is ordered on its thread's stream.
+    Each thread gets its own stream, so concurrent runs of one session never wait on
+    each other's work; a run's work is ordered on its thread's stream. The streams are
+    blocking ones: they are ordered with the legacy default stream, which CuPy and
+    PyTorch use unless told otherwise, so a device array the caller wrote there is
+    complete before a run reads it, and the caller's reads of an output (or a copy into
+    a bound output buffer made there) wait for the run's kernels.
     """
 
     def __init__(self, device_id: int, allocator: Any):
@@ -101,7 +105,7 @@ class DeviceScope:
         s = getattr(self._local, "stream", None)
         if s is None:
             with self.cp.cuda.Device(self.device_id):
-                s = self.cp.cuda.Stream(non_blocking=True)
+                s = self.cp.cuda.Stream(non_blocking=False)
             self._local.stream = s
         return s
 

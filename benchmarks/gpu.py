@@ -1,6 +1,6 @@
 """The CUDA provider against PyTorch eager on the same GPU and against onnxrt on the CPU.
 
-    python benchmarks/cuda.py [--runs 20] [--fp16] [--models resnet50,bert_base,yolo] [--no-write]
+    python benchmarks/gpu.py [--runs 20] [--fp16] [--models resnet50,bert_base,yolo] [--no-write]
 
 Three models, built in PyTorch with random weights (nothing is downloaded) and exported
 to ONNX (opset 17): a ResNet-50-like classifier (bottleneck blocks 3-4-6-3, 224x224), a
@@ -10,8 +10,12 @@ three-scale head, 640x640). For each model and batch size (1 and 32):
 
 * onnxrt with ``["CUDAExecutionProvider", "CPUExecutionProvider"]``, outputs on the GPU
   through IOBinding (so the copy back is not timed) and with plain ``run`` (copy timed);
-* PyTorch eager on the same GPU at the same precision (``torch.no_grad``, synchronized);
+* PyTorch eager on the same GPU at the same precision (``torch.no_grad``, synchronized;
+  TF32 off for float32, since CuPy's float32 products are full float32);
 * onnxrt on the CPU (batch 1 only; batch 32 on the CPU takes minutes).
+
+The file is not named ``cuda.py``: run as a script, its folder comes first on
+``sys.path``, and a ``cuda`` module there hides the ``cuda`` package CuPy imports.
 
 Latency is the median of ``--runs`` timed runs after warm-up; throughput is
 batch / median latency. The table, with the device name, driver and CUDA versions and
@@ -154,6 +158,8 @@ def bench(name: str, runs: int, fp16: bool, tmp: Path) -> list[dict]:
     import onnxrt as ort
     import torch
 
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
     model, make_inputs, names = MODELS[name]()
     path = tmp / f"{name}.onnx"
     _export(model, make_inputs(1), names, path, fp16)
@@ -181,7 +187,11 @@ def bench(name: str, runs: int, fp16: bool, tmp: Path) -> list[dict]:
                 tmodel(*tin)
             torch.cuda.synchronize()
 
-        row = {"model": name, "batch": batch, "on_cuda": f"{on}/{len(assignment)}",
+        with torch.no_grad():
+            want = tmodel(*tin).float().cpu().numpy()
+        got = gpu.run(None, feeds)[0].astype("float32")
+        err = float(abs(got - want).max() / max(abs(want).max(), 1e-30))
+        row = {"model": name, "batch": batch, "on_cuda": f"{on}/{len(assignment)}", "max_rel_diff": err,
                "onnxrt_cuda_iobinding": _median(lambda b=binding: gpu.run_with_iobinding(b), runs),
                "onnxrt_cuda_run": _median(lambda f=feeds: gpu.run(None, f), runs),
                "torch_eager": _median(torch_run, runs),
@@ -212,12 +222,15 @@ def _table(rows: list[dict], fp16: bool) -> str:
     precision = "float16" if fp16 else "float32"
     out = [f"Measured on {_device_line()}, {precision}; median latency in ms (throughput in items/s in brackets).",
            "",
-           "| model | batch | nodes on CUDA | onnxrt CUDA (IOBinding) | onnxrt CUDA (run) | PyTorch eager | onnxrt CPU |",
-           "|---|---|---|---|---|---|---|"]
+           "| model | batch | nodes on CUDA | onnxrt CUDA (IOBinding) | onnxrt CUDA (run) | PyTorch eager | "
+           "IOBinding / PyTorch | onnxrt CPU | largest difference from PyTorch |",
+           "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         b = r["batch"]
         cells = [f"{ms(r[k])} ({b / r[k]:.0f}/s)" if r[k] else "—"
                  for k in ("onnxrt_cuda_iobinding", "onnxrt_cuda_run", "torch_eager", "onnxrt_cpu")]
+        cells.insert(3, f"{r['onnxrt_cuda_iobinding'] / r['torch_eager']:.2f}x")
+        cells.append(f"{r['max_rel_diff']:.1e} of the largest output")
         out.append(f"| {r['model']} | {b} | {r['on_cuda']} | " + " | ".join(cells) + " |")
     return "\n".join(out)
 
