@@ -121,9 +121,13 @@ class Kernel:
     Subclasses override :meth:`setup` (once per node) and :meth:`run` (per call).
     ``xp`` is the array namespace the kernel computes with: numpy for the CPU
     provider; a device provider may bind the same kernel to another namespace.
+    ``host_inputs`` names the input positions a device kernel reads on the host
+    (a Reshape's shape, a Slice's starts): the plan hands them over as host arrays,
+    so a value computed on the CPU is never uploaded only to be read back.
     """
 
     xp = np
+    host_inputs: frozenset = frozenset()
 
     def __init__(self, node: NodeInfo):
         self.node = node

@@ -264,10 +264,13 @@ class PlanBuilder:
             self.copies[key] = s
         return s
 
-    def add_step(self, fn, inputs, outputs, device, node_name, op_type, provider, implicit=(), domain="") -> None:
-        """A kernel call on ``device``; its outputs live there."""
+    def add_step(self, fn, inputs, outputs, device, node_name, op_type, provider, implicit=(), domain="",
+                 host_inputs=frozenset()) -> None:
+        """A kernel call on ``device``; its outputs live there, and it reads the inputs at
+        positions ``host_inputs`` on the host."""
         shape_only = op_type in SHAPE_READERS and not domain
-        ins = tuple(self._read(i, device, shape_only and k == 0) for k, i in enumerate(inputs))
+        ins = tuple(self._read(i, self.host if k in host_inputs else device, shape_only and k == 0)
+                    for k, i in enumerate(inputs))
         imp = tuple((n, self._read(n, self.host)) for n in implicit)
         outs = []
         for o in outputs:

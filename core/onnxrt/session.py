@@ -371,7 +371,8 @@ class InferenceSession:
             except Exception as e:  # noqa: BLE001
                 raise Fail(f"{p.name} could not build the kernel for {ni.describe()}: {type(e).__name__}: {e}") from e
             builder.add_step(kernel.run, node.inputs, node.outputs, p.device, node.name, node.op_type, p.name,
-                             implicit=ni.implicit_inputs, domain=node.domain)
+                             implicit=ni.implicit_inputs, domain=node.domain,
+                             host_inputs=getattr(kernel, "host_inputs", frozenset()))
         return builder.build(graph.output_names())
 
     def _subgraph(self, sg: Graph, built: _Built, info) -> Subgraph:

@@ -165,3 +165,40 @@ def test_concurrent_runs(fake):
     for i in range(4):
         for g, w in zip(got[i], want[i]):
             np.testing.assert_array_equal(g, w)
+
+
+def test_shapes_computed_on_the_cpu_are_not_uploaded(fake, monkeypatch):
+    """A Reshape on CUDA reads its shape on the host: the shape computed by CPU nodes is
+    handed over as it is (no upload and read back), and Shape of a device value copies no data."""
+    from onnx import TensorProto, helper
+
+    nodes = [helper.make_node("Relu", ["x"], ["r"]),
+             helper.make_node("Shape", ["r"], ["s"]),
+             helper.make_node("Gather", ["s", "first"], ["n"], axis=0),
+             helper.make_node("Unsqueeze", ["n", "zero"], ["n1"]),
+             helper.make_node("Concat", ["n1", "minus1"], ["target"], axis=0),
+             helper.make_node("Reshape", ["r", "target"], ["y"])]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, 4])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 12])],
+                          [helper.make_tensor("first", TensorProto.INT64, [], [0]),
+                           helper.make_tensor("zero", TensorProto.INT64, [1], [0]),
+                           helper.make_tensor("minus1", TensorProto.INT64, [1], [-1])])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
+    counts = {"to_host": 0}
+    to_host = CUDADevice.to_host
+
+    def counting(self, v):
+        counts["to_host"] += 1
+        return to_host(self, v)
+
+    # before the session: its copy steps bind the method
+    monkeypatch.setattr(CUDADevice, "to_host", counting)
+    sess = ort.InferenceSession(model.SerializeToString(), providers=[CUDA, "CPUExecutionProvider"])
+    prov = {a["node"]: a["provider"] for a in sess.get_provider_assignment()}
+    assert prov["Relu_0"] == CUDA and prov["Reshape_5"] == CUDA and prov["Concat_4"] == "CPUExecutionProvider", prov
+    copies = [st.node_name for st in sess._built.plan.steps if st.is_copy]
+    assert "copy:target" not in copies and "copy:r" not in copies, copies
+    x = np.random.default_rng(0).standard_normal((2, 3, 4)).astype(np.float32)
+    (y,) = sess.run(None, {"x": x})
+    np.testing.assert_array_equal(y, np.maximum(x, 0).reshape(2, 12))
+    assert counts["to_host"] == 1  # the output, and nothing else

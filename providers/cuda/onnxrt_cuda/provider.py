@@ -183,8 +183,10 @@ class CUDAExecutionProvider(ExecutionProvider):
 class ScopedKernel:
     """Runs a kernel with the provider's device, this thread's stream and the session's pool current.
 
-    Inputs the kernel reads on the host arrive as numpy arrays; host arrays a kernel
-    returns are moved to the device, so every value a CUDA node produces is a CuPy array.
+    Inputs the kernel reads on the host (``host_inputs``) arrive as numpy arrays: the
+    plan reads them on the host, so a shape computed on the CPU is never uploaded and
+    read back (each read back waits for the stream). Host arrays a kernel returns are
+    moved to the device, so every value a CUDA node produces is a CuPy array.
     """
 
     def __init__(self, inner, scope, host_inputs: frozenset):
