@@ -22,6 +22,7 @@ import numpy as np
 from onnx import helper
 from onnxrt.kernel import Kernel
 
+from . import raw
 from .codegen import CTYPES
 
 __all__ = ["DEPTHWISE_SOURCE", "KERNELS"]
@@ -69,6 +70,11 @@ class MatMul(DeviceKernel):
             raise ValueError(f"{self.node.describe()}: operands must have rank >= 1, got {a.shape} and {b.shape}")
         bb = self.b if self.b is not None and self.b.shape == b.shape else b
         try:
+            if a.ndim > 2 and bb.ndim == 2 and a.shape[-1] == bb.shape[0]:
+                # one product over the folded batch: matmul would broadcast B to every
+                # leading index (a batched product, or a copy of B per index)
+                y = self.xp.matmul(a.reshape(-1, a.shape[-1]), bb).reshape(a.shape[:-1] + bb.shape[1:])
+                return (y,)
             y = self.xp.matmul(a, bb)
         except ValueError as e:
             raise ValueError(f"{self.node.describe()}: cannot multiply shapes {a.shape} and {b.shape}: {e}") from None
@@ -206,6 +212,8 @@ class Conv(DeviceKernel):
         kh, kw = kernel
         if g == c == m and cg == 1 and hasattr(xp, "RawKernel") and x.dtype in (F32, np.dtype(np.float64)):
             return (_depthwise_raw(xp, x, w, b, kernel, strides, dil, begin, end),)
+        if hasattr(xp, "RawModule") and x.dtype in raw.TYPES and w.dtype == x.dtype:
+            return (raw.conv2d_im2col(xp, x, w, b, g, strides, dil, begin, end),)
         win, (oh, ow) = _windows(xp, x, kernel, strides, dil, begin, end, 0)
         if g == c == m and cg == 1:
             # depthwise: kh*kw multiply-adds over the window view, no im2col matrix
@@ -370,6 +378,9 @@ class Softmax(DeviceKernel):
         if not 0 <= axis < max(x.ndim, 1):
             raise ValueError(f"{self.node.describe()}: axis {self.attrs.get('axis')} is out of range for rank {x.ndim}")
         shape = x.shape
+        if hasattr(xp, "RawModule") and x.dtype in raw.TYPES and (legacy or axis == x.ndim - 1):
+            d = int(np.prod(shape[axis:], dtype=np.int64))
+            return (raw.softmax_rows(xp, x, d, self.node.op_type == "LogSoftmax"),)
         xw = _wide(x)
         if legacy:
             lead = int(np.prod(shape[:axis], dtype=np.int64))
@@ -400,17 +411,26 @@ class LayerNormalization(DeviceKernel):
             axis += x.ndim
         eps = float(self.attrs.get("epsilon", 1e-5))
         axes = tuple(range(axis, x.ndim))
+        sc = self.scale if self.scale is not None and self.scale.shape == scale.shape else scale
+        bb = None
+        if bias is not None:
+            bb = self.bias if self.bias is not None and self.bias.shape == bias.shape else bias
+        d = int(np.prod(x.shape[axis:], dtype=np.int64))
+        stash_dt = helper.tensor_dtype_to_np_dtype(int(self.attrs.get("stash_type", 1)))
+        if (hasattr(xp, "RawModule") and x.dtype in raw.TYPES and sc.size == d and (bb is None or bb.size == d)
+                and np.broadcast_shapes(sc.shape, x.shape[axis:]) == x.shape[axis:]
+                and (bb is None or np.broadcast_shapes(bb.shape, x.shape[axis:]) == x.shape[axis:])):
+            y, mean, inv = raw.layer_norm_rows(xp, x, sc, bb, eps, d)
+            stat = x.shape[:axis] + (1,) * len(axes)
+            return (y, mean.reshape(stat).astype(stash_dt, copy=False), inv.reshape(stat).astype(stash_dt, copy=False))
         xw = _wide(x)
         mean = xw.mean(axis=axes, keepdims=True)
         d = xw - mean
         var = (d * d).mean(axis=axes, keepdims=True)
         inv = 1 / xp.sqrt(var + eps)
-        sc = self.scale if self.scale is not None and self.scale.shape == scale.shape else scale
         y = d * inv * _wide(sc)
-        if bias is not None:
-            bb = self.bias if self.bias is not None and self.bias.shape == bias.shape else bias
+        if bb is not None:
             y = y + _wide(bb)
-        stash_dt = helper.tensor_dtype_to_np_dtype(int(self.attrs.get("stash_type", 1)))
         return (y.astype(x.dtype, copy=False), mean.astype(stash_dt, copy=False), inv.astype(stash_dt, copy=False))
 
 
