@@ -4,7 +4,8 @@
 - the semantics: every generated body is compiled as C++ with the host compiler and run
   on inputs with NaN, infinities and signed zeros, and must match the CPU provider running
   the same ONNX nodes; the numpy evaluation of the same chain (the fallback path) must too;
-- where ``nvcc`` is installed, the bodies and the depthwise kernel compile as CUDA.
+- where ``nvcc`` is installed, the bodies, the depthwise kernel and the hand-written
+  kernels of ``onnxrt_cuda.raw`` compile as CUDA.
 """
 
 import shutil
@@ -16,6 +17,7 @@ import pytest
 from onnx import TensorProto, helper
 from onnxrt_cuda.codegen import CTYPES, OPS, EwNode, EwProgram, fusable
 from onnxrt_cuda.kernels import DEPTHWISE_SOURCE
+from onnxrt_cuda.raw import SOURCE as RAW_SOURCE
 
 F32 = np.float32
 ONNX_T = {np.dtype(np.float32): TensorProto.FLOAT, np.dtype(np.float64): TensorProto.DOUBLE,
@@ -243,7 +245,10 @@ def test_generated_bodies_and_depthwise_kernel_compile_as_cuda(tmp_path):
     src.write_text("\n".join(lines))
     dw = tmp_path / "dw.cu"
     dw.write_text(DEPTHWISE_SOURCE)
-    for f, extra in ((src, []), (dw, ["-DDW_T=float", "-DDW_ACC=float"]), (dw, ["-DDW_T=double", "-DDW_ACC=double"])):
+    rk = tmp_path / "raw.cu"
+    rk.write_text(RAW_SOURCE)
+    for f, extra in ((src, []), (dw, ["-DDW_T=float", "-DDW_ACC=float"]), (dw, ["-DDW_T=double", "-DDW_ACC=double"]),
+                     (rk, ["-DONNXRT_REAL=float"]), (rk, ["-DONNXRT_REAL=double"])):
         r = subprocess.run(["nvcc", "--ptx", "-o", str(tmp_path / "out.ptx"), *extra, str(f)],
                            capture_output=True, text=True, check=False)
         assert r.returncode == 0, r.stderr[-3000:]

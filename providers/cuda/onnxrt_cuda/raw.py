@@ -24,43 +24,45 @@ import numpy as np
 
 __all__ = ["SOURCE", "conv2d_im2col", "layer_norm_rows", "softmax_rows"]
 
-#: compiled once per element type with ``-DT=float`` (or double); the accumulator is T
+#: compiled once per element type with ``-DONNXRT_REAL=float`` (or double), which is also the
+#: accumulator type (a macro named ``T`` would break NVRTC's own headers)
 SOURCE = r"""
-__device__ __forceinline__ T warp_sum(T v) {
+typedef ONNXRT_REAL real;
+__device__ __forceinline__ real warp_sum(real v) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;
 }
-__device__ __forceinline__ T take_max(T m, T v) {
+__device__ __forceinline__ real take_max(real m, real v) {
     // NaN wins, as numpy's max propagates it
     return (v != v || v > m) ? v : m;
 }
-__device__ __forceinline__ T warp_max(T v) {
+__device__ __forceinline__ real warp_max(real v) {
     for (int o = 16; o > 0; o >>= 1) v = take_max(v, __shfl_xor_sync(0xffffffffu, v, o));
     return v;
 }
 // sh holds 33 values; every thread gets the block's total
-__device__ T block_sum(T v, T* sh) {
+__device__ real block_sum(real v, real* sh) {
     const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
     v = warp_sum(v);
     __syncthreads();
     if (lane == 0) sh[wid] = v;
     __syncthreads();
     if (wid == 0) {
-        T t = lane < nw ? sh[lane] : (T)0;
+        real t = lane < nw ? sh[lane] : (real)0;
         t = warp_sum(t);
         if (lane == 0) sh[32] = t;
     }
     __syncthreads();
     return sh[32];
 }
-__device__ T block_max(T v, T* sh, T lowest) {
+__device__ real block_max(real v, real* sh, real lowest) {
     const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
     v = warp_max(v);
     __syncthreads();
     if (lane == 0) sh[wid] = v;
     __syncthreads();
     if (wid == 0) {
-        T t = lane < nw ? sh[lane] : lowest;
+        real t = lane < nw ? sh[lane] : lowest;
         t = warp_max(t);
         if (lane == 0) sh[32] = t;
     }
@@ -69,7 +71,7 @@ __device__ T block_max(T v, T* sh, T lowest) {
 }
 
 extern "C" __global__ void onnxrt_im2col(
-    const T* __restrict__ x, T* __restrict__ cols, const int C, const int H, const int W, const int OH, const int OW,
+    const real* __restrict__ x, real* __restrict__ cols, const int C, const int H, const int W, const int OH, const int OW,
     const int KH, const int KW, const int SH, const int SW, const int PH, const int PW, const int DH, const int DW,
     const int nb, const int ones_row)
 {
@@ -83,40 +85,40 @@ extern "C" __global__ void onnxrt_im2col(
         const long long t = idx / P;
         const int k = (int)(t % K1);
         const long long n = t / K1;
-        T v = (T)1;
+        real v = (real)1;
         if (k < K) {
             const int j = k % KW;
             const int i = (k / KW) % KH;
             const int c = k / (KW * KH);
             const int oh = (int)(p / OW), ow = (int)(p % OW);
             const int ih = oh * SH - PH + i * DH, iw = ow * SW - PW + j * DW;
-            v = (ih >= 0 && ih < H && iw >= 0 && iw < W) ? x[((n * C + c) * H + ih) * (long long)W + iw] : (T)0;
+            v = (ih >= 0 && ih < H && iw >= 0 && iw < W) ? x[((n * C + c) * H + ih) * (long long)W + iw] : (real)0;
         }
         cols[idx] = v;
     }
 }
 
 extern "C" __global__ void onnxrt_layer_norm(
-    const T* __restrict__ x, const T* __restrict__ scale, const T* __restrict__ bias, T* __restrict__ y,
-    T* __restrict__ mean_out, T* __restrict__ inv_out, const long long rows, const int D, const T eps,
+    const real* __restrict__ x, const real* __restrict__ scale, const real* __restrict__ bias, real* __restrict__ y,
+    real* __restrict__ mean_out, real* __restrict__ inv_out, const long long rows, const int D, const real eps,
     const int has_bias)
 {
-    __shared__ T sh[33];
+    __shared__ real sh[33];
     for (long long r = blockIdx.x; r < rows; r += gridDim.x) {
-        const T* xr = x + r * D;
-        T* yr = y + r * D;
-        T s = 0;
+        const real* xr = x + r * D;
+        real* yr = y + r * D;
+        real s = 0;
         for (int i = threadIdx.x; i < D; i += blockDim.x) s += xr[i];
-        const T mean = block_sum(s, sh) / (T)D;
-        T q = 0;
+        const real mean = block_sum(s, sh) / (real)D;
+        real q = 0;
         for (int i = threadIdx.x; i < D; i += blockDim.x) {
-            const T d = xr[i] - mean;
+            const real d = xr[i] - mean;
             q += d * d;
         }
-        const T var = block_sum(q, sh) / (T)D;
-        const T inv = (T)1 / sqrt(var + eps);
+        const real var = block_sum(q, sh) / (real)D;
+        const real inv = (real)1 / sqrt(var + eps);
         for (int i = threadIdx.x; i < D; i += blockDim.x) {
-            T v = (xr[i] - mean) * inv * scale[i];
+            real v = (xr[i] - mean) * inv * scale[i];
             if (has_bias) v += bias[i];
             yr[i] = v;
         }
@@ -128,20 +130,20 @@ extern "C" __global__ void onnxrt_layer_norm(
 }
 
 extern "C" __global__ void onnxrt_softmax(
-    const T* __restrict__ x, T* __restrict__ y, const long long rows, const int D, const int log_out, const T lowest)
+    const real* __restrict__ x, real* __restrict__ y, const long long rows, const int D, const int log_out, const real lowest)
 {
-    __shared__ T sh[33];
+    __shared__ real sh[33];
     for (long long r = blockIdx.x; r < rows; r += gridDim.x) {
-        const T* xr = x + r * D;
-        T* yr = y + r * D;
-        T m = lowest;
+        const real* xr = x + r * D;
+        real* yr = y + r * D;
+        real m = lowest;
         for (int i = threadIdx.x; i < D; i += blockDim.x) m = take_max(m, xr[i]);
         m = block_max(m, sh, lowest);
-        T s = 0;
+        real s = 0;
         for (int i = threadIdx.x; i < D; i += blockDim.x) s += exp(xr[i] - m);
         s = block_sum(s, sh);
         if (log_out) {
-            const T ls = log(s);
+            const real ls = log(s);
             for (int i = threadIdx.x; i < D; i += blockDim.x) yr[i] = (xr[i] - m) - ls;
         } else {
             for (int i = threadIdx.x; i < D; i += blockDim.x) yr[i] = exp(xr[i] - m) / s;
@@ -163,7 +165,7 @@ def _kernel(cp, dtype, name: str):  # pragma: no cover - needs a GPU
     key = (np.dtype(dtype).str, cp.cuda.Device().id)
     mod = _modules.get(key)
     if mod is None:
-        mod = cp.RawModule(code=SOURCE, options=(f"-DT={TYPES[np.dtype(dtype)]}",))
+        mod = cp.RawModule(code=SOURCE, options=(f"-DONNXRT_REAL={TYPES[np.dtype(dtype)]}",))
         _modules[key] = mod
     return mod.get_function(name)
 
