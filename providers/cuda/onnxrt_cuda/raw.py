@@ -70,31 +70,35 @@ __device__ real block_max(real v, real* sh, real lowest) {
     return sh[32];
 }
 
+// blockIdx.y walks the column rows (image, channel, tap), blockIdx.x the output
+// positions: the row's tap is decoded once per block, each thread decodes only its position
 extern "C" __global__ void onnxrt_im2col(
-    const real* __restrict__ x, real* __restrict__ cols, const int C, const int H, const int W, const int OH, const int OW,
-    const int KH, const int KW, const int SH, const int SW, const int PH, const int PW, const int DH, const int DW,
-    const int nb, const int ones_row)
+    const real* __restrict__ x, real* __restrict__ cols, const int C, const int H, const int W, const int OH,
+    const int OW, const int KH, const int KW, const int SH, const int SW, const int PH, const int PW, const int DH,
+    const int DW, const int nb, const int ones_row)
 {
-    const long long P = (long long)OH * OW;
+    const int P = OH * OW;
     const int K = C * KH * KW;
     const int K1 = K + ones_row;
-    const long long total = (long long)nb * K1 * P;
-    for (long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x; idx < total;
-         idx += (long long)blockDim.x * gridDim.x) {
-        const long long p = idx % P;
-        const long long t = idx / P;
-        const int k = (int)(t % K1);
-        const long long n = t / K1;
-        real v = (real)1;
-        if (k < K) {
-            const int j = k % KW;
-            const int i = (k / KW) % KH;
-            const int c = k / (KW * KH);
-            const int oh = (int)(p / OW), ow = (int)(p % OW);
-            const int ih = oh * SH - PH + i * DH, iw = ow * SW - PW + j * DW;
-            v = (ih >= 0 && ih < H && iw >= 0 && iw < W) ? x[((n * C + c) * H + ih) * (long long)W + iw] : (real)0;
+    const long long rows = (long long)nb * K1;
+    for (long long row = blockIdx.y; row < rows; row += gridDim.y) {
+        const int k = (int)(row % K1);
+        const long long n = row / K1;
+        real* out = cols + row * P;
+        if (k >= K) {
+            for (int p = blockIdx.x * blockDim.x + threadIdx.x; p < P; p += blockDim.x * gridDim.x) out[p] = (real)1;
+            continue;
         }
-        cols[idx] = v;
+        const int j = k % KW;
+        const int i = (k / KW) % KH;
+        const int c = k / (KW * KH);
+        const real* xc = x + (n * C + c) * (long long)H * W;
+        const int h0 = i * DH - PH, w0 = j * DW - PW;
+        for (int p = blockIdx.x * blockDim.x + threadIdx.x; p < P; p += blockDim.x * gridDim.x) {
+            const int oh = p / OW, ow = p - oh * OW;
+            const int ih = oh * SH + h0, iw = ow * SW + w0;
+            out[p] = (ih >= 0 && ih < H && iw >= 0 && iw < W) ? xc[ih * W + iw] : (real)0;
+        }
     }
 }
 
@@ -207,8 +211,7 @@ def conv2d_im2col(cp, x, w, b, group, strides, dil, begin, end):  # pragma: no c
     for n0 in range(0, n, nb):
         cnt = min(nb, n - n0)
         cc = cols[:cnt]
-        total = cnt * k1 * p
-        fn((_blocks(total, 256),), (256,),
+        fn((min((p + 255) // 256, 1024), min(cnt * k1, 65535)), (256,),
            (x[n0:n0 + cnt], cc, i32(c), i32(h), i32(wd), i32(oh), i32(ow), i32(kh), i32(kw), i32(strides[0]),
             i32(strides[1]), i32(begin[0]), i32(begin[1]), i32(dil[0]), i32(dil[1]), i32(cnt), i32(ones)))
         out = y[n0:n0 + cnt]
