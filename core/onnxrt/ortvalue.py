@@ -449,4 +449,5 @@ def _specialize(plan, feed_devices, keep_outputs):
         if s not in keep:
             frees[idx].append(s)
     kept = [dataclasses.replace(st, free=tuple(sorted(fr))) for st, fr in zip(kept, frees)]
-    return Plan(kept, n_slots, input_slots, plan.outer_slots, output_slots, constants, plan.max_bytes)
+    return Plan(kept, n_slots, input_slots, plan.outer_slots, output_slots, constants, plan.max_bytes,
+                scopes=plan.scopes)

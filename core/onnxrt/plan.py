@@ -10,6 +10,7 @@ state in a local list, so many threads may run one plan at once.
 from __future__ import annotations
 
 import time
+from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -70,8 +71,11 @@ class Plan:
         constants: dict[int, Any],
         max_bytes: int,
         fast_steps: list[Step] | None = None,
+        scopes: tuple = (),
     ):
         self.steps = tuple(steps)
+        #: the devices whose ``run_scope`` is entered around each run
+        self.scopes = tuple(scopes)
         #: what an unchecked run executes: :attr:`steps` with shape computations
         #: memoized (:mod:`onnxrt.shape_memo`); profiled and checked runs take every step
         self.fast_steps = tuple(fast_steps) if fast_steps is not None else self.steps
@@ -101,7 +105,9 @@ class Plan:
         # and NaN as the ONNX ops define, never a warning: one numpy error state per
         # run (it is per thread) spares every elementwise kernel its own.
         try:
-            with np.errstate(all="ignore"):
+            with np.errstate(all="ignore"), ExitStack() as scopes:
+                for dev in self.scopes:
+                    scopes.enter_context(dev.run_scope())
                 if ctx is None or (ctx.run_options is None and ctx.profiler is None):
                     self._loop(vals, ctx)
                 else:
@@ -193,6 +199,7 @@ class PlanBuilder:
         self.outer_slots: dict[str, int] = {}
         self.constants: dict[int, Any] = {}
         self.pinned: set[int] = set()
+        self.scopes: list = []
 
     def _new_slot(self) -> int:
         s = self.n_slots
@@ -269,6 +276,8 @@ class PlanBuilder:
         """A kernel call on ``device``; its outputs live there, and it reads the inputs at
         positions ``host_inputs`` on the host."""
         shape_only = op_type in SHAPE_READERS and not domain
+        if getattr(device, "run_scope", None) is not None and device not in self.scopes:
+            self.scopes.append(device)
         ins = tuple(self._read(i, self.host if k in host_inputs else device, shape_only and k == 0)
                     for k, i in enumerate(inputs))
         imp = tuple((n, self._read(n, self.host)) for n in implicit)
@@ -297,7 +306,7 @@ class PlanBuilder:
             if fast is not None:
                 _set_frees(fast, keep)
         return Plan(self.steps, self.n_slots, self.input_slots, self.outer_slots, out_slots,
-                    self.constants, self.max_bytes, fast)
+                    self.constants, self.max_bytes, fast, self.scopes)
 
 
 def _set_frees(steps: list[Step], keep: set[int]) -> None:

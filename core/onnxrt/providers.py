@@ -24,6 +24,10 @@ class Device:
     #: short device kind, as ``OrtValue.device_name()`` reports it: "cpu", "cuda", ...
     kind: str = "cpu"
     device_id: int = 0
+    #: optional: a callable returning a context manager that the plan enters once around
+    #: each run, on the thread that runs it (a GPU provider makes its device, stream and
+    #: memory pool current there, rather than once per kernel call)
+    run_scope: Any = None
 
     @property
     def is_host(self) -> bool:

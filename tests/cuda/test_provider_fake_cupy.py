@@ -202,3 +202,17 @@ def test_shapes_computed_on_the_cpu_are_not_uploaded(fake, monkeypatch):
     (y,) = sess.run(None, {"x": x})
     np.testing.assert_array_equal(y, np.maximum(x, 0).reshape(2, 12))
     assert counts["to_host"] == 1  # the output, and nothing else
+
+
+def test_the_device_scope_is_entered_once_per_run(fake):
+    """The plan makes the device, stream and pool current once per run, not once per node."""
+    sess = ort.InferenceSession(str(DATA / "resnet_small.onnx"), providers=[CUDA, "CPUExecutionProvider"])
+    x = np.random.default_rng(0).standard_normal((1, 3, 64, 64)).astype(np.float32)
+    want = sess.run(None, {"image": x})[0]
+    cuda_steps = sum(a["provider"] == CUDA for a in sess.get_provider_assignment())
+    assert cuda_steps > 10
+    fake_cupy._Ctx.log.clear()
+    got = sess.run(None, {"image": x})[0]
+    streams = [k for k, _ in fake_cupy._Ctx.log if k == "stream"]
+    assert len(streams) == 1, f"the stream was made current {len(streams)} times in one run"
+    np.testing.assert_array_equal(got, want)

@@ -32,6 +32,11 @@ class CUDADevice(Device):
         self._consts: dict[int, Any] = {}
         self._lock = threading.Lock()
 
+    def run_scope(self):
+        """The provider's scope (device, this thread's stream, the session's pool), which
+        the plan enters once per run; the kernels' own entries inside it cost a counter."""
+        return self.scope
+
     def holds(self, value: Any) -> bool:
         """Whether ``value`` already lives on this GPU (a CuPy array on ``device_id``)."""
         return isinstance(value, self.cp.ndarray) and value.device.id == self.device_id

@@ -206,12 +206,14 @@ def conv2d_im2col(cp, x, w, b, group, strides, dil, begin, end):  # pragma: no c
     per_image = k1 * p * x.dtype.itemsize
     nb = max(1, min(n, IM2COL_BYTES // max(per_image, 1)))
     fn = _kernel(cp, x.dtype, "onnxrt_im2col")
+    # about eight positions per thread: short blocks cost more to schedule than they copy
+    threads = min(256, -(-p // 32) * 32)
     i32 = np.int32
     cols = cp.empty((nb, k1, p), dtype=x.dtype)
     for n0 in range(0, n, nb):
         cnt = min(nb, n - n0)
         cc = cols[:cnt]
-        fn((min((p + 255) // 256, 1024), min(cnt * k1, 65535)), (256,),
+        fn((min(-(-p // (threads * 8)), 1024), min(cnt * k1, 65535)), (threads,),
            (x[n0:n0 + cnt], cc, i32(c), i32(h), i32(wd), i32(oh), i32(ow), i32(kh), i32(kw), i32(strides[0]),
             i32(strides[1]), i32(begin[0]), i32(begin[1]), i32(dil[0]), i32(dil[1]), i32(cnt), i32(ones)))
         out = y[n0:n0 + cnt]

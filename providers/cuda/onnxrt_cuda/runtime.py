@@ -110,22 +110,36 @@ class DeviceScope:
         return s
 
     def __enter__(self):
+        local = self._local
+        depth = getattr(local, "depth", 0)
+        local.depth = depth + 1
+        if depth:
+            # already current on this thread (the run's scope, or an outer kernel's)
+            return self
         cp = self.cp
         ctxs = [cp.cuda.Device(self.device_id), self.stream()]
         if self.allocator is not _DEFAULT:
             ctxs.append(cp.cuda.using_allocator(self.allocator))
-        stack = getattr(self._local, "stack", None)
-        if stack is None:
-            stack = self._local.stack = []
-        for c in ctxs:
-            c.__enter__()
-        stack.append(ctxs)
+        entered = []
+        try:
+            for c in ctxs:
+                c.__enter__()
+                entered.append(c)
+        except BaseException:
+            for c in reversed(entered):
+                c.__exit__(None, None, None)
+            local.depth = depth
+            raise
+        local.ctxs = entered
         return self
 
     def __exit__(self, *exc):
-        ctxs = self._local.stack.pop()
-        for c in reversed(ctxs):
-            c.__exit__(*exc)
+        local = self._local
+        local.depth -= 1
+        if local.depth == 0:
+            ctxs, local.ctxs = local.ctxs, None
+            for c in reversed(ctxs):
+                c.__exit__(*exc)
         return False
 
 
