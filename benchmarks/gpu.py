@@ -19,7 +19,8 @@ The file is not named ``cuda.py``: run as a script, its folder comes first on
 
 Latency is the median of ``--runs`` timed runs after warm-up; throughput is
 batch / median latency. The table, with the device name, driver and CUDA versions and
-the date, replaces the block between the ``bench`` markers in ``docs/cuda.md``.
+the date, replaces the block between the ``bench`` (float32) or ``bench-fp16`` markers in
+``docs/cuda.md``.
 """
 
 from __future__ import annotations
@@ -32,7 +33,9 @@ import time
 from pathlib import Path
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "cuda.md"
-START, END = "<!-- bench:start -->", "<!-- bench:end -->"
+#: the float32 and the float16 tables each have their own place in the document
+MARKERS = {False: ("<!-- bench:start -->", "<!-- bench:end -->"),
+           True: ("<!-- bench-fp16:start -->", "<!-- bench-fp16:end -->")}
 
 
 # -- models ------------------------------------------------------------------------------------
@@ -255,10 +258,11 @@ def main() -> None:
     table = _table(rows, args.fp16)
     print(table)
     if not args.no_write:
+        start, end = MARKERS[args.fp16]
         text = DOC.read_text()
-        head, rest = text.split(START, 1)
-        _, tail = rest.split(END, 1)
-        DOC.write_text(f"{head}{START}\n{table}\n{END}{tail}")
+        head, rest = text.split(start, 1)
+        _, tail = rest.split(end, 1)
+        DOC.write_text(f"{head}{start}\n{table}\n{end}{tail}")
 
 
 if __name__ == "__main__":
