@@ -248,7 +248,7 @@ def test_generated_bodies_and_depthwise_kernel_compile_as_cuda(tmp_path):
     rk = tmp_path / "raw.cu"
     rk.write_text(RAW_SOURCE)
     for f, extra in ((src, []), (dw, ["-DDW_T=float", "-DDW_ACC=float"]), (dw, ["-DDW_T=double", "-DDW_ACC=double"]),
-                     (rk, ["-DONNXRT_REAL=float"]), (rk, ["-DONNXRT_REAL=double"])):
+                     (rk, ["-DONNXRT_REAL=float"]), (rk, ["-DONNXRT_REAL=double"]), (rk, ["-DONNXRT_HALF"])):
         r = subprocess.run(["nvcc", "--ptx", "-o", str(tmp_path / "out.ptx"), *extra, str(f)],
                            capture_output=True, text=True, check=False)
         assert r.returncode == 0, r.stderr[-3000:]

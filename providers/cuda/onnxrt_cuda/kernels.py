@@ -212,7 +212,7 @@ class Conv(DeviceKernel):
         kh, kw = kernel
         if g == c == m and cg == 1 and hasattr(xp, "RawKernel") and x.dtype in (F32, np.dtype(np.float64)):
             return (_depthwise_raw(xp, x, w, b, kernel, strides, dil, begin, end),)
-        if hasattr(xp, "RawModule") and x.dtype in raw.TYPES and w.dtype == x.dtype:
+        if hasattr(xp, "RawModule") and x.dtype in raw.TYPES and w.dtype == x.dtype and not (g == c == m and cg == 1):
             return (raw.conv2d_im2col(xp, x, w, b, g, strides, dil, begin, end),)
         win, (oh, ow) = _windows(xp, x, kernel, strides, dil, begin, end, 0)
         if g == c == m and cg == 1:

@@ -14,8 +14,8 @@ columns are then one cuBLAS product):
   cache, in the input's precision (float32 or float64), as the CPU provider does.
 - :func:`softmax_rows`: Softmax or LogSoftmax over contiguous rows, one block per row.
 
-Only float32 and float64 take these kernels; the callers keep their CuPy formulation
-for other types and layouts.
+float32 and float64 are computed in their own precision, float16 in float32 (rounded
+once, on the store); the callers keep their CuPy formulation for other types and layouts.
 """
 
 from __future__ import annotations
@@ -24,45 +24,57 @@ import numpy as np
 
 __all__ = ["SOURCE", "conv2d_im2col", "layer_norm_rows", "softmax_rows"]
 
-#: compiled once per element type with ``-DONNXRT_REAL=float`` (or double), which is also the
-#: accumulator type (a macro named ``T`` would break NVRTC's own headers)
+#: compiled once per element type: ``-DONNXRT_REAL=float`` (or double), also the accumulator
+#: type, or ``-DONNXRT_HALF`` for float16 accumulated in float32 (a macro named ``T`` would
+#: break NVRTC's own headers)
 SOURCE = r"""
+#ifdef ONNXRT_HALF
+// float16 is stored as its bits and converted with PTX, so no header is needed
+typedef unsigned short real;
+typedef float acc;
+__device__ __forceinline__ acc ld(real h) { float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f; }
+__device__ __forceinline__ real st(acc f) { unsigned short h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h; }
+#else
 typedef ONNXRT_REAL real;
-__device__ __forceinline__ real warp_sum(real v) {
+typedef ONNXRT_REAL acc;
+__device__ __forceinline__ acc ld(real v) { return v; }
+__device__ __forceinline__ real st(acc v) { return v; }
+#endif
+__device__ __forceinline__ acc warp_sum(acc v) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;
 }
-__device__ __forceinline__ real take_max(real m, real v) {
+__device__ __forceinline__ acc take_max(acc m, acc v) {
     // NaN wins, as numpy's max propagates it
     return (v != v || v > m) ? v : m;
 }
-__device__ __forceinline__ real warp_max(real v) {
+__device__ __forceinline__ acc warp_max(acc v) {
     for (int o = 16; o > 0; o >>= 1) v = take_max(v, __shfl_xor_sync(0xffffffffu, v, o));
     return v;
 }
 // sh holds 33 values; every thread gets the block's total
-__device__ real block_sum(real v, real* sh) {
+__device__ acc block_sum(acc v, acc* sh) {
     const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
     v = warp_sum(v);
     __syncthreads();
     if (lane == 0) sh[wid] = v;
     __syncthreads();
     if (wid == 0) {
-        real t = lane < nw ? sh[lane] : (real)0;
+        acc t = lane < nw ? sh[lane] : (acc)0;
         t = warp_sum(t);
         if (lane == 0) sh[32] = t;
     }
     __syncthreads();
     return sh[32];
 }
-__device__ real block_max(real v, real* sh, real lowest) {
+__device__ acc block_max(acc v, acc* sh, acc lowest) {
     const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
     v = warp_max(v);
     __syncthreads();
     if (lane == 0) sh[wid] = v;
     __syncthreads();
     if (wid == 0) {
-        real t = lane < nw ? sh[lane] : lowest;
+        acc t = lane < nw ? sh[lane] : lowest;
         t = warp_max(t);
         if (lane == 0) sh[32] = t;
     }
@@ -81,12 +93,14 @@ extern "C" __global__ void onnxrt_im2col(
     const int K = C * KH * KW;
     const int K1 = K + ones_row;
     const long long rows = (long long)nb * K1;
+    const real zero = st((acc)0);
     for (long long row = blockIdx.y; row < rows; row += gridDim.y) {
         const int k = (int)(row % K1);
         const long long n = row / K1;
         real* out = cols + row * P;
         if (k >= K) {
-            for (int p = blockIdx.x * blockDim.x + threadIdx.x; p < P; p += blockDim.x * gridDim.x) out[p] = (real)1;
+            const real one = st((acc)1);
+            for (int p = blockIdx.x * blockDim.x + threadIdx.x; p < P; p += blockDim.x * gridDim.x) out[p] = one;
             continue;
         }
         const int j = k % KW;
@@ -97,34 +111,34 @@ extern "C" __global__ void onnxrt_im2col(
         for (int p = blockIdx.x * blockDim.x + threadIdx.x; p < P; p += blockDim.x * gridDim.x) {
             const int oh = p / OW, ow = p - oh * OW;
             const int ih = oh * SH + h0, iw = ow * SW + w0;
-            out[p] = (ih >= 0 && ih < H && iw >= 0 && iw < W) ? xc[ih * W + iw] : (real)0;
+            out[p] = (ih >= 0 && ih < H && iw >= 0 && iw < W) ? xc[ih * W + iw] : zero;
         }
     }
 }
 
 extern "C" __global__ void onnxrt_layer_norm(
     const real* __restrict__ x, const real* __restrict__ scale, const real* __restrict__ bias, real* __restrict__ y,
-    real* __restrict__ mean_out, real* __restrict__ inv_out, const long long rows, const int D, const real eps,
+    acc* __restrict__ mean_out, acc* __restrict__ inv_out, const long long rows, const int D, const acc eps,
     const int has_bias)
 {
-    __shared__ real sh[33];
+    __shared__ acc sh[33];
     for (long long r = blockIdx.x; r < rows; r += gridDim.x) {
         const real* xr = x + r * D;
         real* yr = y + r * D;
-        real s = 0;
-        for (int i = threadIdx.x; i < D; i += blockDim.x) s += xr[i];
-        const real mean = block_sum(s, sh) / (real)D;
-        real q = 0;
+        acc s = 0;
+        for (int i = threadIdx.x; i < D; i += blockDim.x) s += ld(xr[i]);
+        const acc mean = block_sum(s, sh) / (acc)D;
+        acc q = 0;
         for (int i = threadIdx.x; i < D; i += blockDim.x) {
-            const real d = xr[i] - mean;
+            const acc d = ld(xr[i]) - mean;
             q += d * d;
         }
-        const real var = block_sum(q, sh) / (real)D;
-        const real inv = (real)1 / sqrt(var + eps);
+        const acc var = block_sum(q, sh) / (acc)D;
+        const acc inv = (acc)1 / sqrt(var + eps);
         for (int i = threadIdx.x; i < D; i += blockDim.x) {
-            real v = (xr[i] - mean) * inv * scale[i];
-            if (has_bias) v += bias[i];
-            yr[i] = v;
+            acc v = (ld(xr[i]) - mean) * inv * ld(scale[i]);
+            if (has_bias) v += ld(bias[i]);
+            yr[i] = st(v);
         }
         if (threadIdx.x == 0) {
             mean_out[r] = mean;
@@ -134,30 +148,33 @@ extern "C" __global__ void onnxrt_layer_norm(
 }
 
 extern "C" __global__ void onnxrt_softmax(
-    const real* __restrict__ x, real* __restrict__ y, const long long rows, const int D, const int log_out, const real lowest)
+    const real* __restrict__ x, real* __restrict__ y, const long long rows, const int D, const int log_out,
+    const acc lowest)
 {
-    __shared__ real sh[33];
+    __shared__ acc sh[33];
     for (long long r = blockIdx.x; r < rows; r += gridDim.x) {
         const real* xr = x + r * D;
         real* yr = y + r * D;
-        real m = lowest;
-        for (int i = threadIdx.x; i < D; i += blockDim.x) m = take_max(m, xr[i]);
+        acc m = lowest;
+        for (int i = threadIdx.x; i < D; i += blockDim.x) m = take_max(m, ld(xr[i]));
         m = block_max(m, sh, lowest);
-        real s = 0;
-        for (int i = threadIdx.x; i < D; i += blockDim.x) s += exp(xr[i] - m);
+        acc s = 0;
+        for (int i = threadIdx.x; i < D; i += blockDim.x) s += exp(ld(xr[i]) - m);
         s = block_sum(s, sh);
         if (log_out) {
-            const real ls = log(s);
-            for (int i = threadIdx.x; i < D; i += blockDim.x) yr[i] = (xr[i] - m) - ls;
+            const acc ls = log(s);
+            for (int i = threadIdx.x; i < D; i += blockDim.x) yr[i] = st((ld(xr[i]) - m) - ls);
         } else {
-            for (int i = threadIdx.x; i < D; i += blockDim.x) yr[i] = exp(xr[i] - m) / s;
+            for (int i = threadIdx.x; i < D; i += blockDim.x) yr[i] = st(exp(ld(xr[i]) - m) / s);
         }
     }
 }
 """
 
-#: the element types these kernels are compiled for
-TYPES = {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}
+#: the element types these kernels are compiled for -> (NVRTC options, accumulator dtype)
+TYPES = {np.dtype(np.float32): (("-DONNXRT_REAL=float",), np.dtype(np.float32)),
+         np.dtype(np.float64): (("-DONNXRT_REAL=double",), np.dtype(np.float64)),
+         np.dtype(np.float16): (("-DONNXRT_HALF",), np.dtype(np.float32))}
 
 #: most bytes one chunk of im2col columns may take; larger batches go in chunks
 IM2COL_BYTES = 256 << 20
@@ -169,7 +186,7 @@ def _kernel(cp, dtype, name: str):  # pragma: no cover - needs a GPU
     key = (np.dtype(dtype).str, cp.cuda.Device().id)
     mod = _modules.get(key)
     if mod is None:
-        mod = cp.RawModule(code=SOURCE, options=(f"-DONNXRT_REAL={TYPES[np.dtype(dtype)]}",))
+        mod = cp.RawModule(code=SOURCE, options=TYPES[np.dtype(dtype)][0])
         _modules[key] = mod
     return mod.get_function(name)
 
@@ -232,15 +249,16 @@ def layer_norm_rows(cp, x, scale, bias, eps: float, d: int):  # pragma: no cover
     x = cp.ascontiguousarray(x)
     rows = x.size // d if d else 0
     y = cp.empty_like(x)
-    mean = cp.empty(rows, dtype=x.dtype)
-    inv = cp.empty(rows, dtype=x.dtype)
+    acc = TYPES[x.dtype][1]
+    mean = cp.empty(rows, dtype=acc)
+    inv = cp.empty(rows, dtype=acc)
     if rows:
         sc = cp.ascontiguousarray(scale.astype(x.dtype, copy=False)).reshape(-1)
         bb = cp.ascontiguousarray(bias.astype(x.dtype, copy=False)).reshape(-1) if bias is not None else sc
         threads = 128 if d <= 1024 else 256
         _kernel(cp, x.dtype, "onnxrt_layer_norm")(
             (_blocks(rows, 1),), (threads,),
-            (x, sc, bb, y, mean, inv, np.int64(rows), np.int32(d), x.dtype.type(eps), np.int32(bias is not None)))
+            (x, sc, bb, y, mean, inv, np.int64(rows), np.int32(d), acc.type(eps), np.int32(bias is not None)))
     return y, mean, inv
 
 
@@ -253,5 +271,5 @@ def softmax_rows(cp, x, d: int, log: bool):  # pragma: no cover - needs a GPU
         threads = 32 if d <= 64 else 128 if d <= 1024 else 256
         _kernel(cp, x.dtype, "onnxrt_softmax")(
             (_blocks(rows, 1),), (threads,),
-            (x, y, np.int64(rows), np.int32(d), np.int32(log), x.dtype.type(-np.inf)))
+            (x, y, np.int64(rows), np.int32(d), np.int32(log), TYPES[x.dtype][1].type(-np.inf)))
     return y
