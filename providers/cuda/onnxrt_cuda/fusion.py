@@ -18,7 +18,7 @@ from __future__ import annotations
 import threading
 
 import numpy as np
-from onnxrt.providers import Capability, group_io
+from onnxrt.providers import Capability
 
 from .codegen import EwNode, EwProgram
 
