@@ -216,3 +216,32 @@ def test_the_device_scope_is_entered_once_per_run(fake):
     streams = [k for k, _ in fake_cupy._Ctx.log if k == "stream"]
     assert len(streams) == 1, f"the stream was made current {len(streams)} times in one run"
     np.testing.assert_array_equal(got, want)
+
+
+def test_fused_branches_of_different_shapes(fake):
+    """One scale applied to two tensors whose shapes do not broadcast together (as the
+    expanded FlexAttention tests do to query and key) is one fused group with no single
+    iteration space: it runs node by node, with the right answers."""
+    from onnx import TensorProto, helper
+
+    nodes = [helper.make_node("Sqrt", ["d"], ["s"], name="sqrt"),
+             helper.make_node("Div", ["q", "s"], ["qs"], name="div_q"),
+             helper.make_node("Div", ["k", "s"], ["ks"], name="div_k")]
+    f = TensorProto.FLOAT
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("d", f, []),
+                                       helper.make_tensor_value_info("q", f, [2, 4, 8, 16]),
+                                       helper.make_tensor_value_info("k", f, [2, 4, 6, 16])],
+                          [helper.make_tensor_value_info("qs", f, [2, 4, 8, 16]),
+                           helper.make_tensor_value_info("ks", f, [2, 4, 6, 16])])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=10).SerializeToString()
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    sess = ort.InferenceSession(model, so, providers=[CUDA, "CPUExecutionProvider"])
+    assert sess._built.fused == [{"provider": CUDA, "nodes": ["sqrt", "div_q", "div_k"]}]
+    rng = np.random.default_rng(0)
+    d = np.float32(16.0)
+    q = rng.standard_normal((2, 4, 8, 16)).astype(np.float32)
+    k = rng.standard_normal((2, 4, 6, 16)).astype(np.float32)
+    qs, ks = sess.run(None, {"d": np.array(d), "q": q, "k": k})
+    np.testing.assert_allclose(qs, q / np.sqrt(d), rtol=1e-6)
+    np.testing.assert_allclose(ks, k / np.sqrt(d), rtol=1e-6)
