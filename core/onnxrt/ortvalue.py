@@ -394,7 +394,7 @@ def _specialized_plan(plan, feed_devices: dict[str, Any], keep_outputs: dict[int
 
 
 def _specialize(plan, feed_devices, keep_outputs):
-    from .plan import SHAPE_READERS, Plan, Step, _copy_fn, shape_stand_in
+    from .plan import Plan, Step, _copy_fn, reads_shape_only, shape_step
 
     steps = list(plan.steps)
     readers: dict[int, list[int]] = {}
@@ -419,11 +419,10 @@ def _specialize(plan, feed_devices, keep_outputs):
             n_slots += 1
         input_slots[name] = target
         others = [steps[k] for k in readers.get(slot, []) if k not in drop]
-        if others and all(st.host and st.op_type in SHAPE_READERS and st.ins[0] == slot and slot not in st.ins[1:]
-                          for st in others):
+        if others and all(st.host and reads_shape_only(st.op_type, st.domain) and st.ins[0] == slot
+                          and slot not in st.ins[1:] for st in others):
             # only host Shape/Size read it: they get its shape, not a copy of its data
-            first.append(Step(_copy_fn(shape_stand_in), (target,), (slot,), (), f"shape:{name}", "ShapeToHost",
-                              f"{dev.kind}->cpu", output_names=(name,), host=True))
+            first.append(shape_step(target, slot, name, dev))
         elif others:
             # host kernels (or another device) read the input too: they get one host copy
             first.append(Step(_copy_fn(dev.to_host), (target,), (slot,), (), f"copy:{name}", "MemcpyToHost",

@@ -10,7 +10,7 @@ state in a local list, so many threads may run one plan at once.
 from __future__ import annotations
 
 import time
-from contextlib import ExitStack
+from contextlib import ExitStack, nullcontext
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -105,9 +105,7 @@ class Plan:
         # and NaN as the ONNX ops define, never a warning: one numpy error state per
         # run (it is per thread) spares every elementwise kernel its own.
         try:
-            with np.errstate(all="ignore"), ExitStack() as scopes:
-                for dev in self.scopes:
-                    scopes.enter_context(dev.run_scope())
+            with np.errstate(all="ignore"), (_entered(self.scopes) if self.scopes else _NO_SCOPE):
                 if ctx is None or (ctx.run_options is None and ctx.profiler is None):
                     self._loop(vals, ctx)
                 else:
@@ -238,7 +236,13 @@ class PlanBuilder:
         if _same_memory(v.device, device):
             return v.slot
         if shape_only and device.is_host:
-            return self._read_shape(name, v)
+            key = (name, "shape")
+            s = self.copies.get(key)
+            if s is None:
+                s = self._new_slot()
+                self.steps.append(shape_step(v.slot, s, name, v.device))
+                self.copies[key] = s
+            return s
         key = (name, id(device))
         s = self.copies.get(key)
         if s is None:
@@ -257,25 +261,11 @@ class PlanBuilder:
             self.copies[key] = s
         return s
 
-    def _read_shape(self, name: str, v) -> int:
-        # a host Shape or Size of a device value needs its shape, not its data: the step
-        # hands the kernel a stand-in with no memory instead of copying the tensor
-        key = (name, "shape")
-        s = self.copies.get(key)
-        if s is None:
-            s = self._new_slot()
-            self.steps.append(
-                Step(_copy_fn(shape_stand_in), (v.slot,), (s,), (), f"shape:{name}", "ShapeToHost",
-                     f"{v.device.kind}->cpu", output_names=(name,), host=True)
-            )
-            self.copies[key] = s
-        return s
-
     def add_step(self, fn, inputs, outputs, device, node_name, op_type, provider, implicit=(), domain="",
                  host_inputs=frozenset()) -> None:
         """A kernel call on ``device``; its outputs live there, and it reads the inputs at
         positions ``host_inputs`` on the host."""
-        shape_only = op_type in SHAPE_READERS and not domain
+        shape_only = reads_shape_only(op_type, domain)
         if getattr(device, "run_scope", None) is not None and device not in self.scopes:
             self.scopes.append(device)
         ins = tuple(self._read(i, self.host if k in host_inputs else device, shape_only and k == 0)
@@ -340,11 +330,39 @@ def _same_memory(a, b) -> bool:
 SHAPE_READERS = frozenset({"Shape", "Size"})
 
 
+def reads_shape_only(op_type: str, domain: str) -> bool:
+    """Whether a node reads only its first input's shape (default-domain Shape, Size)."""
+    return op_type in SHAPE_READERS and not domain
+
+
 def shape_stand_in(value) -> np.ndarray:
     """A host array with ``value``'s shape and dtype and no memory behind it (every element
     is the one zero), for kernels that read only shapes."""
     z = np.zeros(1, dtype=np.dtype(value.dtype))
     return np.lib.stride_tricks.as_strided(z, shape=tuple(value.shape), strides=(0,) * len(value.shape))
+
+
+def shape_step(src: int, dst: int, name: str, device) -> Step:
+    """The step handing a host Shape or Size the stand-in of device value ``name``
+    (slot ``src``) in slot ``dst``: its shape, not a copy of its data."""
+    return Step(_copy_fn(shape_stand_in), (src,), (dst,), (), f"shape:{name}", "ShapeToHost",
+                f"{device.kind}->cpu", output_names=(name,), host=True)
+
+
+#: what a run of a plan without device scopes enters (reusable, unlike an ExitStack)
+_NO_SCOPE = nullcontext()
+
+
+def _entered(devices) -> ExitStack:
+    """The ``run_scope()`` of each of ``devices``, entered."""
+    stack = ExitStack()
+    try:
+        for dev in devices:
+            stack.enter_context(dev.run_scope())
+    except BaseException:
+        stack.close()
+        raise
+    return stack
 
 
 def _copy_fn(f):

@@ -174,3 +174,47 @@ def test_host_shape_of_a_device_value_copies_no_data(fake_provider, data):
     assert _counts() == (f0 + 2, t0 + 1)
     np.testing.assert_array_equal(y2, y)
     assert s2.tolist() == [2, 3] and int(n2) == 6 and sx2.tolist() == [3]
+
+
+class _SumNamedShape:
+    """A custom-domain op named Shape that reads its input's data (a sum), not its shape."""
+
+    @ort.hookimpl
+    def onnxrt_register_kernels(self, provider_name, registry):
+        if provider_name == "CPUExecutionProvider":
+
+            @registry.op("Shape", since=1, domain="test.data")
+            def shape_named_sum(k, x):
+                return np.asarray(x).sum().reshape(1)
+
+
+def test_a_custom_op_named_shape_still_reads_the_data(fake_provider, data):
+    """Only the default domain's Shape and Size read shapes alone: another domain's op of
+    that name gets the device value's data, in a plain run and with a device-bound feed."""
+    x, z = data
+    nodes = [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Add", ["r", "z"], ["y"]),
+             helper.make_node("Shape", ["y"], ["sy"], domain="test.data"),
+             helper.make_node("Shape", ["x"], ["sx"], domain="test.data")]
+    f = TensorProto.FLOAT
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", f, ["N", 3]),
+                                       helper.make_tensor_value_info("z", f, ["N", 3])],
+                          [helper.make_tensor_value_info("sy", f, [1]), helper.make_tensor_value_info("sx", f, [1])])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("test.data", 1)],
+                              ir_version=10).SerializeToString()
+    plugin = _SumNamedShape()
+    ort.plugins.register_plugin(plugin, name="sum_named_shape")
+    try:
+        sess = ort.InferenceSession(model, providers=PROVIDERS)
+        want_y, want_x = (np.maximum(x, 0) + z).sum(), x.sum()
+        sy, sx = sess.run(None, {"x": x, "z": z})
+        np.testing.assert_allclose([sy[0], sx[0]], [want_y, want_x], rtol=1e-6)
+        b = sess.io_binding()
+        b.bind_ortvalue_input("x", ort.OrtValue.ortvalue_from_numpy(x, "fake"))
+        b.bind_ortvalue_input("z", ort.OrtValue.ortvalue_from_numpy(z, "fake"))
+        b.bind_output("sy")
+        b.bind_output("sx")
+        sess.run_with_iobinding(b)
+        sy, sx = b.copy_outputs_to_cpu()
+        np.testing.assert_allclose([sy[0], sx[0]], [want_y, want_x], rtol=1e-6)
+    finally:
+        ort.plugins.unregister_plugin(plugin)
