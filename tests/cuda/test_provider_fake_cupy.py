@@ -12,7 +12,7 @@ import numpy as np
 import onnxrt as ort
 import pytest
 from onnxrt.providers import ExecutionProvider
-from onnxrt_cuda import CUDAExecutionProvider, runtime
+from onnxrt_cuda import CUDAExecutionProvider, raw, runtime
 from onnxrt_cuda.codegen import EwProgram
 from onnxrt_cuda.device import CUDADevice
 
@@ -27,6 +27,8 @@ CUDA = "CUDAExecutionProvider"
 def fake(monkeypatch):
     ns = fake_cupy.module()
     monkeypatch.setattr(runtime, "import_cupy", lambda: ns)
+    # the fake's compiled raw kernels stay out of the cache a real GPU's share
+    monkeypatch.setattr(raw, "_modules", {})
     source = EwProgram.source
 
     def remembering(self, dtypes):
@@ -245,3 +247,74 @@ def test_fused_branches_of_different_shapes(fake):
     qs, ks = sess.run(None, {"d": np.array(d), "q": q, "k": k})
     np.testing.assert_allclose(qs, q / np.sqrt(d), rtol=1e-6)
     np.testing.assert_allclose(ks, k / np.sqrt(d), rtol=1e-6)
+
+
+def _conv_reference(x, w, b, group, strides, dil, begin, end):
+    """A direct 2-D convolution in float64 (the loops the kernels must agree with)."""
+    n, c, h, wd = x.shape
+    m, cg, kh, kw = w.shape
+    xp = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (begin[0], end[0]), (begin[1], end[1])))
+    oh = (h + begin[0] + end[0] - (kh - 1) * dil[0] - 1) // strides[0] + 1
+    ow = (wd + begin[1] + end[1] - (kw - 1) * dil[1] - 1) // strides[1] + 1
+    y = np.zeros((n, m, oh, ow))
+    mg = m // group
+    for o in range(m):
+        g = o // mg
+        for i in range(kh):
+            for j in range(kw):
+                patch = xp[:, g * cg:(g + 1) * cg, i * dil[0]:i * dil[0] + (oh - 1) * strides[0] + 1:strides[0],
+                           j * dil[1]:j * dil[1] + (ow - 1) * strides[1] + 1:strides[1]]
+                y[:, o] += np.einsum("nchw,c->nhw", patch, w[o, :, i, j].astype(np.float64))
+        if b is not None:
+            y[:, o] += b[o]
+    return y
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+@pytest.mark.parametrize("n,c,m,k,group,strides,dil,begin,end,bias", [
+    (2, 3, 8, 3, 1, [2, 2], [1, 1], [1, 1], [1, 1], True),
+    (3, 4, 6, 3, 2, [1, 2], [2, 1], [2, 0], [1, 1], True),
+    (1, 5, 7, 2, 1, [1, 1], [1, 1], [0, 1], [1, 0], False),
+    (2, 6, 4, 1, 1, [1, 1], [1, 1], [0, 0], [0, 0], True),
+    (1, 6, 4, 1, 1, [1, 1], [1, 1], [0, 0], [0, 0], False),
+    (4, 3, 5, 3, 1, [1, 1], [1, 1], [1, 1], [1, 1], True),
+])
+def test_im2col_convolution_paths(fake, monkeypatch, dtype, n, c, m, k, group, strides, dil, begin, end, bias):
+    """``raw.conv2d_im2col`` around its kernel (run by the fake as its contract says):
+    the bias as a row of ones, groups, 1x1 products, float16's one 2-D product, and
+    batches split into chunks of images (the chunk limit set to one image)."""
+    rng = np.random.default_rng(n * 100 + c * 10 + m)
+    x = rng.standard_normal((n, c, 9, 8)).astype(dtype)
+    w = (rng.standard_normal((m, c // group, k, k)) * 0.5).astype(dtype)
+    b = rng.standard_normal(m).astype(dtype) if bias else None
+    want = _conv_reference(x, w, b, group, strides, dil, begin, end)
+    tol = 1e-5 if dtype == np.float32 else 2e-2
+    for limit in (raw.IM2COL_BYTES, 1):  # one chunk, then one image per chunk
+        monkeypatch.setattr(raw, "IM2COL_BYTES", limit)
+        got = raw.conv2d_im2col(fake, fake.asarray(x), fake.asarray(w), None if b is None else fake.asarray(b),
+                                group, strides, dil, begin, end)
+        assert got.dtype == dtype and got.shape == want.shape
+        np.testing.assert_allclose(np.asarray(got, np.float64), want, rtol=tol, atol=tol * 4)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_row_kernels(fake, dtype):
+    """``raw.layer_norm_rows`` and ``raw.softmax_rows`` around their kernels."""
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((3, 4, 10)).astype(dtype)
+    sc, bi = rng.standard_normal(10).astype(dtype), rng.standard_normal(10).astype(dtype)
+    y, mean, inv = raw.layer_norm_rows(fake, fake.asarray(x), fake.asarray(sc), fake.asarray(bi), 1e-5, 10)
+    x64 = x.astype(np.float64)
+    mu = x64.mean(-1, keepdims=True)
+    istd = 1 / np.sqrt(x64.var(-1, keepdims=True) + 1e-5)
+    tol = 1e-5 if dtype == np.float32 else 1e-2
+    assert y.dtype == dtype and mean.dtype == np.float32 and inv.dtype == np.float32
+    np.testing.assert_allclose(np.asarray(y, np.float64), (x64 - mu) * istd * sc + bi, rtol=tol, atol=tol)
+    np.testing.assert_allclose(mean, mu.reshape(-1), rtol=tol, atol=tol)
+    np.testing.assert_allclose(inv, istd.reshape(-1), rtol=tol, atol=tol)
+    for log in (False, True):
+        got = raw.softmax_rows(fake, fake.asarray(x), 10, log)
+        e = np.exp(x64 - x64.max(-1, keepdims=True))
+        want = np.log(e / e.sum(-1, keepdims=True)) if log else e / e.sum(-1, keepdims=True)
+        assert got.dtype == dtype
+        np.testing.assert_allclose(np.asarray(got, np.float64), want, rtol=tol, atol=tol)
