@@ -318,3 +318,25 @@ def test_row_kernels(fake, dtype):
         want = np.log(e / e.sum(-1, keepdims=True)) if log else e / e.sum(-1, keepdims=True)
         assert got.dtype == dtype
         np.testing.assert_allclose(np.asarray(got, np.float64), want, rtol=tol, atol=tol)
+
+
+def test_the_weight_with_its_bias_column_is_built_once(fake, monkeypatch):
+    """A convolution with a constant weight and bias builds the weight with the bias as
+    one more column on its first run only (it was a concatenation on every run)."""
+    calls = []
+    concatenate = fake.concatenate
+
+    def counting(arrays, *a, **k):
+        calls.append(len(arrays))
+        return concatenate(arrays, *a, **k)
+
+    monkeypatch.setattr(fake, "concatenate", counting)
+    sess = ort.InferenceSession(str(DATA / "resnet_small.onnx"), providers=[CUDA, "CPUExecutionProvider"])
+    ref = ort.InferenceSession(str(DATA / "resnet_small.onnx"), providers=["CPUExecutionProvider"])
+    x = np.random.default_rng(0).standard_normal((2, 3, 64, 64)).astype(np.float32)
+    want = ref.run(None, {"image": x})[0]
+    np.testing.assert_allclose(sess.run(None, {"image": x})[0], want, rtol=1e-4, atol=1e-5)
+    first = len(calls)
+    assert first > 0, "the model has convolutions whose bias rides in the product"
+    np.testing.assert_allclose(sess.run(None, {"image": x})[0], want, rtol=1e-4, atol=1e-5)
+    assert len(calls) == first

@@ -177,6 +177,8 @@ class Conv(DeviceKernel):
         self.w = None if w is None else self.xp.asarray(np.ascontiguousarray(w))
         b = self.node.constants.get(2)
         self.bias = None if b is None else self.xp.asarray(np.ascontiguousarray(b))
+        #: what raw.conv2d_im2col derives from the constant weight and bias, built once
+        self.kept: dict = {}
 
     def run(self, x, w, b=None):
         xp = self.xp
@@ -213,7 +215,8 @@ class Conv(DeviceKernel):
         if g == c == m and cg == 1 and hasattr(xp, "RawKernel") and x.dtype in (F32, np.dtype(np.float64)):
             return (_depthwise_raw(xp, x, w, b, kernel, strides, dil, begin, end),)
         if hasattr(xp, "RawModule") and x.dtype in raw.TYPES and w.dtype == x.dtype and not (g == c == m and cg == 1):
-            return (raw.conv2d_im2col(xp, x, w, b, g, strides, dil, begin, end),)
+            kept = self.kept if w is self.w and b is self.bias else None
+            return (raw.conv2d_im2col(xp, x, w, b, g, strides, dil, begin, end, kept),)
         win, (oh, ow) = _windows(xp, x, kernel, strides, dil, begin, end, 0)
         if g == c == m and cg == 1:
             # depthwise: kh*kw multiply-adds over the window view, no im2col matrix

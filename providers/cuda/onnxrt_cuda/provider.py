@@ -184,8 +184,8 @@ class ScopedKernel:
     """Runs a kernel with the provider's device, this thread's stream and the session's pool current.
 
     Inputs the kernel reads on the host (``host_inputs``) arrive as numpy arrays: the
-    plan reads them on the host, so a shape computed on the CPU is never uploaded and
-    read back (each read back waits for the stream). Host arrays a kernel returns are
+    plan reads them on the host (``PlanBuilder.add_step``), so a shape computed on the
+    CPU is never uploaded and read back (each read back waits for the stream). Host arrays a kernel returns are
     moved to the device, so every value a CUDA node produces is a CuPy array.
     """
 
@@ -198,9 +198,6 @@ class ScopedKernel:
     def run(self, *inputs):
         cp = self.cp
         with self.scope:
-            if self.host_inputs:
-                inputs = tuple(cp.asnumpy(v) if i in self.host_inputs and isinstance(v, cp.ndarray) else v
-                               for i, v in enumerate(inputs))
             outs = self.inner.run(*inputs)
             return tuple(cp.asarray(o) if isinstance(o, (np.ndarray, np.generic)) else o for o in outs)
 

@@ -183,7 +183,7 @@ IM2COL_BYTES = 256 << 20
 _modules: dict = {}
 
 
-def _kernel(cp, dtype, name: str):  # pragma: no cover - needs a GPU
+def _kernel(cp, dtype, name: str):
     key = (np.dtype(dtype).str, cp.cuda.Device().id)
     mod = _modules.get(key)
     if mod is None:
@@ -196,8 +196,11 @@ def _blocks(total: int, threads: int) -> int:
     return max(1, min((total + threads - 1) // threads, 1 << 20))
 
 
-def conv2d_im2col(cp, x, w, b, group, strides, dil, begin, end):  # pragma: no cover - needs a GPU
-    """2-D convolution of contiguous ``x`` [N, C, H, W] by ``w`` [M, C/group, kh, kw]."""
+def conv2d_im2col(cp, x, w, b, group, strides, dil, begin, end, kept=None):
+    """2-D convolution of contiguous ``x`` [N, C, H, W] by ``w`` [M, C/group, kh, kw].
+
+    ``kept``: a dict the caller keeps for the node when ``w`` and ``b`` are its
+    constants; the weight with the bias as its last column is built into it once."""
     n, c, h, wd = x.shape
     m, cg, kh, kw = w.shape
     oh = (h + begin[0] + end[0] - (kh - 1) * dil[0] - 1) // strides[0] + 1
@@ -222,7 +225,11 @@ def conv2d_im2col(cp, x, w, b, group, strides, dil, begin, end):  # pragma: no c
         return y
     ones = int(b is not None and group == 1)
     if ones:
-        wm = cp.concatenate([w.reshape(m, k), b.reshape(m, 1).astype(w.dtype, copy=False)], axis=1)
+        wm = None if kept is None else kept.get("biased")
+        if wm is None:
+            wm = cp.concatenate([w.reshape(m, k), b.reshape(m, 1).astype(w.dtype, copy=False)], axis=1)
+            if kept is not None:
+                kept["biased"] = wm
     else:
         wm = w.reshape(group, m // group, k)
     k1 = c * kh * kw + ones
@@ -259,7 +266,7 @@ def conv2d_im2col(cp, x, w, b, group, strides, dil, begin, end):  # pragma: no c
     return y
 
 
-def layer_norm_rows(cp, x, scale, bias, eps: float, d: int):  # pragma: no cover - needs a GPU
+def layer_norm_rows(cp, x, scale, bias, eps: float, d: int):
     """``(y, mean, inv_std)`` normalizing contiguous rows of ``d`` values; mean and
     inv_std are one value per row."""
     x = cp.ascontiguousarray(x)
@@ -278,7 +285,7 @@ def layer_norm_rows(cp, x, scale, bias, eps: float, d: int):  # pragma: no cover
     return y, mean, inv
 
 
-def softmax_rows(cp, x, d: int, log: bool):  # pragma: no cover - needs a GPU
+def softmax_rows(cp, x, d: int, log: bool):
     """Softmax (or LogSoftmax) over contiguous rows of ``d`` values."""
     x = cp.ascontiguousarray(x)
     rows = x.size // d if d else 0
