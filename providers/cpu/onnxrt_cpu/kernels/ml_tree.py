@@ -20,6 +20,7 @@ import numpy as np
 from onnxrt.kernel import Kernel
 
 from ..registry import op
+from .rows import row_max, row_sum, softmax_rows
 from .select import where
 
 # comparison modes; LEAF marks leaves
@@ -80,9 +81,19 @@ def probit(v):
 
 
 def softmax(s):
-    s = np.asarray(s, dtype=np.float64)
-    e = np.exp(s - s.max(axis=-1, keepdims=True))
-    return e / e.sum(axis=-1, keepdims=True)
+    """Row-wise softmax: in float32 for float32 scores (as onnxruntime computes it),
+    else in float64. The row maxima and sums go through :mod:`.rows`, since numpy
+    reduces a short last axis slowly (1000 rows of 10 scores: 71 us for the maxima
+    alone, against about 6 us)."""
+    s = np.asarray(s)
+    if s.dtype == np.float32 and s.ndim == 2:
+        return softmax_rows(s)
+    s = s.astype(np.float64, copy=False)
+    with np.errstate(over="ignore", under="ignore", invalid="ignore"):
+        e = s - row_max(s)
+        np.exp(e, out=e)
+        e /= row_sum(e)
+    return e
 
 
 def softmax_zero(s):
@@ -117,8 +128,9 @@ def check_post(name):
     return name
 
 
-def as_matrix(x, what):
-    """An input of shape [N, F] or [F] as a 2-D float64 array."""
+def as_matrix(x, what, dtype=np.float64):
+    """An input of shape [N, F] or [F] as a 2-D array of ``dtype`` (float64 unless
+    given; not a copy where ``x`` already is one)."""
     x = np.asarray(x)
     if x.ndim == 1:
         x = x[None, :]
@@ -126,7 +138,7 @@ def as_matrix(x, what):
         raise ValueError(f"{what}: input must be 1-D or 2-D, got shape {x.shape}")
     if x.dtype == object or x.dtype.kind not in "fiub":
         raise ValueError(f"{what}: unsupported input dtype {x.dtype}")
-    return x.astype(np.float64, copy=False)
+    return x.astype(dtype, copy=False)
 
 
 # -- compiled forest -------------------------------------------------------------------
