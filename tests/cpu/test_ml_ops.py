@@ -458,3 +458,53 @@ def test_category_mapper(direction):
         X = np.array([30, 10, 99], dtype=np.int64)
     m = _node_model("CategoryMapper", attrs, [inp], [out])
     _compare(_ort(m, {"X": X})[0], run_graph(m, {"X": X})[0], "category-mapper")
+
+
+# -- batched float32 paths of the linear kernels -------------------------------------
+# 1024 rows of 16 features: enough values for the row helpers' faster routes (a vector
+# repeated along wide rows, maxima over the transposed rows, softmax without the shift)
+_ROWS = np.random.default_rng(7).normal(size=(1024, 16)).astype(np.float32)
+
+
+def _rows_feed(scale=1.0):
+    return {"X": (_ROWS * np.float32(scale)).astype(np.float32)}
+
+
+def test_scaler_per_feature_vectors_on_many_rows():
+    rng = np.random.default_rng(1)
+    attrs = {"offset": rng.normal(size=16).tolist(), "scale": rng.uniform(0.5, 2, size=16).tolist()}
+    m = _node_model("Scaler", attrs, [helper.make_tensor_value_info("X", TensorProto.FLOAT, [None, 16])],
+                    [helper.make_tensor_value_info("Y", TensorProto.FLOAT, None)])
+    feeds = _rows_feed()
+    _compare(_ort(m, feeds)[0], run_graph(m, feeds)[0], "scaler-rows")
+    # the input is not written to
+    assert np.array_equal(feeds["X"], _rows_feed()["X"])
+
+
+@pytest.mark.parametrize("norm", ["MAX", "L1", "L2"])
+def test_normalizer_on_many_rows(norm):
+    m = _node_model("Normalizer", {"norm": norm}, [helper.make_tensor_value_info("X", TensorProto.FLOAT, [None, 16])],
+                    [helper.make_tensor_value_info("Y", TensorProto.FLOAT, None)])
+    feeds = _rows_feed()
+    _compare(_ort(m, feeds)[0], run_graph(m, feeds)[0], f"normalizer-rows-{norm}")
+
+
+@pytest.mark.parametrize("scale", [1.0, 1000.0])
+def test_linear_classifier_softmax_float32(scale):
+    """float32 scores take float32 softmax; logits in the thousands (scale 1000)
+    overflow exp unshifted and must take the shifted route, with the same answer."""
+    rng = np.random.default_rng(3)
+    attrs = {"coefficients": rng.normal(size=3 * 16).tolist(), "intercepts": [0.1, -0.2, 0.3],
+             "classlabels_ints": [4, 5, 6], "multi_class": 1, "post_transform": "SOFTMAX"}
+    m = _node_model("LinearClassifier", attrs, [helper.make_tensor_value_info("X", TensorProto.FLOAT, [None, 16])],
+                    [helper.make_tensor_value_info("Y", TensorProto.INT64, None),
+                     helper.make_tensor_value_info("Z", TensorProto.FLOAT, None)])
+    sess = onnxrt.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+    for s in (scale, 1.0):  # a second call after the route may have changed
+        feeds = _rows_feed(s)
+        exp = _ort(m, feeds)
+        got = sess.run(None, feeds)
+        _compare(exp[0], got[0], f"linear-softmax-{s}:label")
+        _compare(exp[1], got[1], f"linear-softmax-{s}:probabilities")
+        assert got[1].dtype == np.float32
+        np.testing.assert_allclose(got[1].sum(axis=1), 1, rtol=1e-5)
