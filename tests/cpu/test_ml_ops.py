@@ -487,6 +487,7 @@ def test_normalizer_on_many_rows(norm):
                     [helper.make_tensor_value_info("Y", TensorProto.FLOAT, None)])
     feeds = _rows_feed()
     _compare(_ort(m, feeds)[0], run_graph(m, feeds)[0], f"normalizer-rows-{norm}")
+    assert np.array_equal(feeds["X"], _rows_feed()["X"])  # the input is not written to
 
 
 @pytest.mark.parametrize("scale", [1.0, 1000.0])
