@@ -1183,6 +1183,47 @@ def test_softmax_unshifted_path_and_its_fallbacks_match_onnxruntime(regime):
     assert takes_unshifted == (regime in ("plain", "masked"))
 
 
+_ROW_REDUCE_OPS = ["ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceSumSquare", "ReduceL1", "ReduceL2"]
+
+
+@pytest.mark.parametrize("op_type", _ROW_REDUCE_OPS)
+@pytest.mark.parametrize("shape", [(400, 3), (64, 8, 7), (40, 30), (8, 65), (4, 600)])
+@pytest.mark.parametrize("keepdims", [0, 1])
+def test_last_axis_reductions_through_the_row_helpers_match_onnxruntime(op_type, shape, keepdims):
+    """Reductions over the last axis alone of float arrays of 512 values or more go
+    through onnxrt_cpu.kernels.rows (column passes, the transposed maximum, halving,
+    products with ones): onnxruntime's values and shapes. A NaN gives a NaN for its
+    row, as numpy's reductions (and onnxrt's before the row route) do; onnxruntime's
+    ReduceMax and ReduceMin skip it."""
+    from onnxrt_cpu.kernels import reduce as reduce_kernels
+
+    x = np.random.default_rng(5).normal(size=shape).astype(np.float32)
+    assert x.size >= reduce_kernels._ROWS_MIN_SIZE and shape[-1] <= reduce_kernels._ROWS_MAX_LEN
+    model = make_model(
+        [helper.make_node(op_type, ["x", "axes"], ["y"], keepdims=keepdims)],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(shape))],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(np.array([-1], np.int64), "axes")],
+    ).SerializeToString()
+    want, = rt.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    got, = ort.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    assert got.shape == want.shape and got.dtype == want.dtype
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    nan = x.copy()
+    nan[1, ..., 1] = np.nan  # one NaN in one row (of each plane)
+    got_nan, = ort.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, {"x": nan})
+    assert np.array_equal(np.isnan(got_nan), np.isnan(np.sum(nan, axis=-1, keepdims=bool(keepdims))))
+    # the row route itself, on the same input (and not numpy's reduction)
+    calls = []
+    row_fn = reduce_kernels._ROW_REDUCERS[op_type]
+    kernel = reduce_kernels.Reduce.__new__(reduce_kernels.Reduce)
+    kernel.rows = lambda a: calls.append(a.shape) or row_fn(a)
+    kernel.upcast, kernel.fn, kernel.xp = True, None, np
+    (direct,) = kernel._reduce(x, (x.ndim - 1,), bool(keepdims))
+    assert calls == [shape]
+    np.testing.assert_allclose(direct, want, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("archs,mflops", [(["SkylakeX"], 24), (["Cooperlake"], 24), (["Haswell"], 12), ([], 12)])
 def test_split_threshold_doubles_with_avx512_blas_kernels(archs, mflops, monkeypatch):
     """Products are split over threads from 12M multiply-adds, or 24M where the BLAS
