@@ -13,7 +13,7 @@ from onnxrt.kernel import Kernel
 
 from ..registry import op
 from .ml_tree import as_matrix, check_post, logistic, post_transform, probit
-from .rows import columns_op, row_max, row_sum
+from .rows import row_max, row_op, row_sum
 
 _F32 = np.float32
 
@@ -392,8 +392,6 @@ class Scaler(Kernel):
         # setup per row (1000 rows of 64 features, in the benchmark's pipeline: 116 ->
         # 73 us a node)
         for ufunc, v in ((np.subtract, self.offset), (np.multiply, self.scale)):
-            if len(v) > 1 and y.ndim >= 2:
-                columns_op(ufunc, y, v)
-            else:
+            if row_op(ufunc, y, v) is None:
                 ufunc(y, v, out=y)
         return (y,)

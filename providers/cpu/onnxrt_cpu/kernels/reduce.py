@@ -141,53 +141,44 @@ def _min(xp, x, axes, keepdims):
     return _reduce_extreme(xp, x, axes, keepdims, False)
 
 
-# op -> (function, first opset taking axes as an input, whether half floats are upcast)
-_REDUCERS = {
-    "ReduceSum": (_sum, 13, True),
-    "ReduceMean": (_mean, 18, True),
-    "ReduceMax": (_max, 18, False),
-    "ReduceMin": (_min, 18, False),
-    "ReduceProd": (_prod, 18, True),
-    "ReduceL1": (_l1, 18, True),
-    "ReduceL2": (_l2, 18, True),
-    "ReduceLogSum": (_log_sum, 18, True),
-    "ReduceLogSumExp": (_log_sum_exp, 18, True),
-    "ReduceSumSquare": (_sum_square, 18, True),
-}
-
-
 def _row_l2(x):
     y = row_sum(x * x)
     return np.sqrt(y, out=y)
 
 
-# Reductions over the last axis alone, through the row helpers: numpy reduces along a
-# short last axis one row at a time (1000 rows of 30 values: a sum 29 -> 6 us, a
-# maximum 95 -> 24 us; 100,000 rows of 3: a sum 1.7 ms -> 68 us, a maximum 4.5 ms ->
-# 0.2 ms). The sums are BLAS products with a vector of ones, which accumulate a row in
-# order (blocked) where numpy sums pairwise: within a few ulps for rows up to
-# _ROWS_MAX_LEN values, beyond which numpy is about as fast and is left to it.
-_ROW_REDUCERS = {
-    "ReduceSum": row_sum,
-    "ReduceMean": row_mean,
-    "ReduceMax": row_max,
-    "ReduceMin": row_min,
-    "ReduceSumSquare": lambda x: row_sum(x * x),
-    "ReduceL1": lambda x: row_sum(np.abs(x)),
-    "ReduceL2": _row_l2,
-}
+# The row route: reductions over the last axis alone, through the row helpers, since
+# numpy reduces along a short last axis one row at a time (1000 rows of 30 values: a
+# sum 29 -> 6 us, a maximum 95 -> 24 us; 100,000 rows of 3: a sum 1.7 ms -> 68 us, a
+# maximum 4.5 ms -> 0.2 ms). The sums are BLAS products with a vector of ones, which
+# accumulate a row in order (blocked) where numpy sums pairwise: within a few ulps for
+# rows up to _ROWS_MAX_LEN values, beyond which numpy is about as fast and is left to it.
 _ROWS_MAX_LEN = 1024
 _ROWS_MIN_SIZE = 512
 _ROW_TYPES = (np.dtype(np.float32), np.dtype(np.float64))
+
+# op -> (function, first opset taking axes as an input, whether half floats are upcast,
+# the row route or None)
+_REDUCERS = {
+    "ReduceSum": (_sum, 13, True, row_sum),
+    "ReduceMean": (_mean, 18, True, row_mean),
+    "ReduceMax": (_max, 18, False, row_max),
+    "ReduceMin": (_min, 18, False, row_min),
+    "ReduceProd": (_prod, 18, True, None),
+    "ReduceL1": (_l1, 18, True, lambda x: row_sum(np.abs(x))),
+    "ReduceL2": (_l2, 18, True, _row_l2),
+    "ReduceLogSum": (_log_sum, 18, True, None),
+    "ReduceLogSumExp": (_log_sum_exp, 18, True, None),
+    "ReduceSumSquare": (_sum_square, 18, True, lambda x: row_sum(x * x)),
+}
 
 
 class Reduce(Kernel):
     """Any Reduce* op, in either the attribute-axes or the input-axes form."""
 
     def setup(self):
-        fn, axes_input_since, upcast = _REDUCERS[self.node.op_type]
+        fn, axes_input_since, upcast, rows = _REDUCERS[self.node.op_type]
         self.fn = fn
-        self.rows = _ROW_REDUCERS.get(self.node.op_type)
+        self.rows = rows
         self.upcast = upcast
         self.keepdims = bool(self.attrs.get("keepdims", 1))
         self.axes_as_input = self.node.opset >= axes_input_since
