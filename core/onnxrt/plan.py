@@ -354,15 +354,12 @@ _NO_SCOPE = nullcontext()
 
 
 def _entered(devices) -> ExitStack:
-    """The ``run_scope()`` of each of ``devices``, entered."""
-    stack = ExitStack()
-    try:
+    """The ``run_scope()`` of each of ``devices``, entered (those already entered are
+    left again if a later one fails)."""
+    with ExitStack() as stack:
         for dev in devices:
             stack.enter_context(dev.run_scope())
-    except BaseException:
-        stack.close()
-        raise
-    return stack
+        return stack.pop_all()
 
 
 def _copy_fn(f):

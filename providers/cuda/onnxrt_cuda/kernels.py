@@ -418,12 +418,13 @@ class LayerNormalization(DeviceKernel):
         bb = None
         if bias is not None:
             bb = self.bias if self.bias is not None and self.bias.shape == bias.shape else bias
-        d = int(np.prod(x.shape[axis:], dtype=np.int64))
+        width = int(np.prod(x.shape[axis:], dtype=np.int64))
         stash_dt = helper.tensor_dtype_to_np_dtype(int(self.attrs.get("stash_type", 1)))
-        if (hasattr(xp, "RawModule") and x.dtype in raw.TYPES and sc.size == d and (bb is None or bb.size == d)
+        if (hasattr(xp, "RawModule") and x.dtype in raw.TYPES and sc.size == width
+                and (bb is None or bb.size == width)
                 and np.broadcast_shapes(sc.shape, x.shape[axis:]) == x.shape[axis:]
                 and (bb is None or np.broadcast_shapes(bb.shape, x.shape[axis:]) == x.shape[axis:])):
-            y, mean, inv = raw.layer_norm_rows(xp, x, sc, bb, eps, d)
+            y, mean, inv = raw.layer_norm_rows(xp, x, sc, bb, eps, width)
             stat = x.shape[:axis] + (1,) * len(axes)
             return (y, mean.reshape(stat).astype(stash_dt, copy=False), inv.reshape(stat).astype(stash_dt, copy=False))
         xw = _wide(x)

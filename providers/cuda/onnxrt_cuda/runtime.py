@@ -9,6 +9,7 @@ for the provider by name.
 from __future__ import annotations
 
 import threading
+from contextlib import ExitStack
 from typing import Any
 
 __all__ = ["DeviceScope", "availability", "import_cupy", "reset_availability"]
@@ -120,17 +121,14 @@ class DeviceScope:
         ctxs = [cp.cuda.Device(self.device_id), self.stream()]
         if self.allocator is not _DEFAULT:
             ctxs.append(cp.cuda.using_allocator(self.allocator))
-        entered = []
         try:
-            for c in ctxs:
-                c.__enter__()
-                entered.append(c)
+            with ExitStack() as stack:
+                for c in ctxs:
+                    stack.enter_context(c)
+                local.ctxs = stack.pop_all()
         except BaseException:
-            for c in reversed(entered):
-                c.__exit__(None, None, None)
             local.depth = depth
             raise
-        local.ctxs = entered
         return self
 
     def __exit__(self, *exc):
@@ -138,8 +136,7 @@ class DeviceScope:
         local.depth -= 1
         if local.depth == 0:
             ctxs, local.ctxs = local.ctxs, None
-            for c in reversed(ctxs):
-                c.__exit__(*exc)
+            ctxs.__exit__(*exc)
         return False
 
 
