@@ -52,35 +52,25 @@ __device__ __forceinline__ acc warp_max(acc v) {
     for (int o = 16; o > 0; o >>= 1) v = take_max(v, __shfl_xor_sync(0xffffffffu, v, o));
     return v;
 }
-// sh holds 33 values; every thread gets the block's total
-__device__ acc block_sum(acc v, acc* sh) {
+// sh holds 33 values; every thread gets the block's sum (MAX false) or maximum (MAX
+// true), the lanes past the last warp's partial result reading `identity`
+template <bool MAX>
+__device__ acc block_reduce(acc v, acc* sh, acc identity) {
     const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
-    v = warp_sum(v);
+    v = MAX ? warp_max(v) : warp_sum(v);
     __syncthreads();
     if (lane == 0) sh[wid] = v;
     __syncthreads();
     if (wid == 0) {
-        acc t = lane < nw ? sh[lane] : (acc)0;
-        t = warp_sum(t);
+        acc t = lane < nw ? sh[lane] : identity;
+        t = MAX ? warp_max(t) : warp_sum(t);
         if (lane == 0) sh[32] = t;
     }
     __syncthreads();
     return sh[32];
 }
-__device__ acc block_max(acc v, acc* sh, acc lowest) {
-    const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
-    v = warp_max(v);
-    __syncthreads();
-    if (lane == 0) sh[wid] = v;
-    __syncthreads();
-    if (wid == 0) {
-        acc t = lane < nw ? sh[lane] : lowest;
-        t = warp_max(t);
-        if (lane == 0) sh[32] = t;
-    }
-    __syncthreads();
-    return sh[32];
-}
+__device__ __forceinline__ acc block_sum(acc v, acc* sh) { return block_reduce<false>(v, sh, (acc)0); }
+__device__ __forceinline__ acc block_max(acc v, acc* sh, acc lowest) { return block_reduce<true>(v, sh, lowest); }
 
 // blockIdx.y walks the column rows (image, channel, tap), blockIdx.x the output
 // positions: the row's tap is decoded once per block, each thread decodes only its position
