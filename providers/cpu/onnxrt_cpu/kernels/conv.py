@@ -48,7 +48,7 @@ from onnxrt.windows import conv_transpose_geometry
 from .. import parallel
 from ..registry import op
 from .quantize import centred_bound, column_l1, requantize
-from .rows import columns_op
+from .rows import broadcast_buffer, columns_op
 
 __all__ = ["conv_pads", "pad_spatial", "tap_slices", "compute_dtype"]
 
@@ -371,7 +371,9 @@ def _conv_forward(x, wp: _ConvWeights, strides, dilations, pb, pe, out_sp, bias=
         r0, r1, _ = rows.indices(mg)
         rows = slice(gi * mg + r0, gi * mg + r1)
         if bcol is not None and with_bias:
-            out += bcol[rows]
+            b = bcol[rows]
+            with broadcast_buffer(out.shape, out.shape, b.shape):
+                out += b
         if zv is not None:
             out += zv[i, rows, cols]
         if activation is not None:

@@ -14,7 +14,7 @@ import numpy as np
 from onnxrt.kernel import Kernel
 
 from ..registry import op
-from .rows import columns_op, row_vector
+from .rows import broadcast_buffer, columns_op, row_vector
 from .select import _clip as _clip_ufunc
 from .select import clamp
 from .select import where as _blend_where
@@ -307,6 +307,13 @@ def _binary(xp, name, a, b):
         y = _with_row_vector(name, a, b)
         if y is not None:
             return y
+        if a.shape != b.shape and max(a.size, b.size) >= 1 << 15:
+            with broadcast_buffer(np.broadcast_shapes(a.shape, b.shape), a.shape, b.shape):
+                return _binary_op(xp, name, a, b)
+    return _binary_op(xp, name, a, b)
+
+
+def _binary_op(xp, name, a, b):
     if name == "Add":
         return xp.add(a, b)
     if name == "Sub":

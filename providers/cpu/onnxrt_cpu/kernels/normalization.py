@@ -16,7 +16,7 @@ from onnxrt.dtypes import np_dtype
 from onnxrt.kernel import Kernel
 
 from ..registry import op
-from .rows import row_mean, row_op
+from .rows import broadcast_buffer, row_mean, row_op
 
 
 def _work_dtype(*dts) -> np.dtype:
@@ -101,8 +101,9 @@ class BatchNormalization(Kernel):
                     self._last_fold = (params, cdt, (a, s))
         a = _channel_param(a, x2, cdt, "scale")
         s = _channel_param(s, x2, cdt, "B")
-        y = x2.astype(cdt, copy=False) * a
-        y += s
+        with broadcast_buffer(x2.shape, x2.shape, a.shape, s.shape):
+            y = x2.astype(cdt, copy=False) * a
+            y += s
         y = y.reshape(x.shape).astype(x.dtype, copy=False)
         if self.node.opset < 14 and len(self.node.outputs) > 1:
             # Inference with statistics outputs requested: they pass through.
@@ -132,11 +133,14 @@ def _normalize(xc, axes, eps):
     """``(x - mean) / sqrt(var + eps)`` over ``axes``, with the mean and 1/std (keepdims)."""
     last = axes in (-1, xc.ndim - 1)
     mean = row_mean(xc) if last else xc.mean(axis=axes, keepdims=True)
-    d = xc - mean
+    per_row = broadcast_buffer(xc.shape, xc.shape, mean.shape)
+    with per_row:
+        d = xc - mean
     sq = d * d
     var = row_mean(sq) if last else np.mean(sq, axis=axes, keepdims=True)
     inv = 1.0 / np.sqrt(var + xc.dtype.type(eps))
-    d *= inv
+    with per_row:
+        d *= inv
     return d, mean, inv
 
 
