@@ -14,7 +14,7 @@ onnx = pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")
 
 import onnxrt
-from onnx import TensorProto, helper, numpy_helper
+from onnx import helper, numpy_helper
 
 MS = "com.microsoft"
 RNG = np.random.default_rng(2024)
@@ -1353,63 +1353,3 @@ def test_dynamic_quantize_lstm_directions_apart_equal_directions_together(ragged
         outs.append(onnxrt.InferenceSession(model, so, providers=["CPUExecutionProvider"]).run(None, feeds))
     for a, b in zip(*outs):
         np.testing.assert_array_equal(a, b)
-
-
-def _matmul_gelu_models(a_shape, k, n, bias, dtype=TensorProto.FLOAT):
-    """onnxrt's fused ``MatMulBiasGelu`` and its unfused form (MatMul, then BiasGelu or
-    Gelu), which onnxruntime runs."""
-    rng = np.random.default_rng(7)
-    np_dt = helper.tensor_dtype_to_np_dtype(dtype)
-    w = (rng.standard_normal((k, n)) / np.sqrt(k)).astype(np_dt)
-    inits = [numpy_helper.from_array(w, "w")]
-    if bias:
-        inits.append(numpy_helper.from_array(rng.standard_normal(n).astype(np_dt), "b"))
-    ins = [helper.make_tensor_value_info("a", dtype, list(a_shape))]
-    outs = [helper.make_tensor_value_info("y", dtype, None)]
-    fused = helper.make_node("MatMulBiasGelu", ["a", "w"] + (["b"] if bias else []), ["y"], domain="ai.onnxrt")
-    unfused = [helper.make_node("MatMul", ["a", "w"], ["m"]),
-               helper.make_node("BiasGelu" if bias else "Gelu", ["m"] + (["b"] if bias else []), ["y"],
-                                domain="com.microsoft")]
-    ops = [helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1), helper.make_opsetid("ai.onnxrt", 1)]
-
-    def make(nodes):
-        g = helper.make_graph(nodes, "g", ins, outs, initializer=inits)
-        return helper.make_model(g, opset_imports=ops, ir_version=9).SerializeToString()
-
-    return make([fused]), make(unfused)
-
-
-@pytest.mark.parametrize("threads", [1, 2])
-@pytest.mark.parametrize("a_shape, k, n, bias", [
-    ((2, 64, 48), 48, 200, True),  # 128 rows: split between two threads (each adds the bias, then Gelu)
-    ((100, 32), 32, 96, True),  # rows not a multiple of the threads' alignment
-    ((1, 96, 40), 40, 70000, False),  # a thread's rows larger than one Gelu piece
-    ((3, 40), 40, 64, True),  # too few rows to split: the product, then the Gelu
-])
-def test_matmul_bias_gelu_matches_onnxruntime_unfused(a_shape, k, n, bias, threads, monkeypatch):
-    from onnxrt_cpu import parallel
-
-    monkeypatch.setattr(parallel, "PARALLEL_MIN_FLOPS", 1)  # every product big enough to split
-    fused, unfused = _matmul_gelu_models(a_shape, k, n, bias)
-    a = np.random.default_rng(8).standard_normal(a_shape).astype(np.float32) * 2
-    so = onnxrt.SessionOptions()
-    so.intra_op_num_threads = threads
-    got = onnxrt.InferenceSession(fused, so, providers=["CPUExecutionProvider"]).run(None, {"a": a})[0]
-    plain = onnxrt.InferenceSession(unfused, so, providers=["CPUExecutionProvider"]).run(None, {"a": a})[0]
-    want = ort.InferenceSession(unfused, providers=["CPUExecutionProvider"]).run(None, {"a": a})[0]
-    assert got.shape == want.shape == a_shape[:-1] + (n,) and got.dtype == np.float32
-    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(got, plain, rtol=1e-6, atol=1e-6)
-
-
-def test_matmul_bias_gelu_in_double_and_its_input_errors():
-    fused, unfused = _matmul_gelu_models((4, 8), 8, 6, True, TensorProto.DOUBLE)
-    a = np.random.default_rng(9).standard_normal((4, 8))
-    got = onnxrt.InferenceSession(fused, providers=["CPUExecutionProvider"]).run(None, {"a": a})[0]
-    want = onnxrt.InferenceSession(unfused, providers=["CPUExecutionProvider"]).run(None, {"a": a})[0]
-    assert got.dtype == np.float64
-    np.testing.assert_allclose(got, want, rtol=1e-12)
-    fused, _ = _matmul_gelu_models(("n", "k"), 8, 6, True)
-    sess = onnxrt.InferenceSession(fused, providers=["CPUExecutionProvider"])
-    with pytest.raises(onnxrt.OnnxRtError, match="cannot multiply shapes"):
-        sess.run(None, {"a": np.ones((4, 5), np.float32)})

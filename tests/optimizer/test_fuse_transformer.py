@@ -1,5 +1,5 @@
-"""Level-2 transformer fusions: Gelu, FastGelu, BiasGelu, MatMulBiasGelu,
-LayerNormalization, SimplifiedLayerNormalization and SkipLayerNormalization."""
+"""Level-2 transformer fusions: Gelu, FastGelu, BiasGelu, LayerNormalization,
+SimplifiedLayerNormalization and SkipLayerNormalization."""
 
 import io
 import math
@@ -110,68 +110,6 @@ def test_bias_that_broadcasts_over_more_than_the_last_axis_stays_an_add():
     inits["bias"] = f32(4, 16, seed=3)
     m = model(nodes, [vi("a", ["b", 4, 16])], [vi("y", None)], inits)
     assert ops(assert_same_outputs(m, {"a": FEEDS["x"]})) == {"Add": 1, "com.microsoft:Gelu": 1}
-
-
-def matmul_gelu_model(bias=True, weight_shape=(16, 24), a_shape=("b", 4, 16), extra_reader=False,
-                      weight_input=False, gelu="pattern"):
-    """``Gelu(a @ W [+ bias])``: the Gelu as the erf pattern (fused to com.microsoft Gelu
-    or BiasGelu first), or ai.onnx's Gelu (opset 20) with ``approximate``."""
-    if gelu == "pattern":
-        nodes, inits = gelu_nodes("x_first")
-        opset = 17
-    else:
-        nodes, inits = [N("Gelu", ["x"], ["y"], approximate=gelu)], {}
-        opset = 20
-    front = [N("MatMul", ["a", "w"], ["mm" if bias else "x"])]
-    if bias:
-        front.append(N("Add", ["mm", "bias"], ["x"]))
-        inits["bias"] = f32(weight_shape[-1], seed=3)
-    inputs = [vi("a", list(a_shape))]
-    if weight_input:
-        inputs.append(vi("w", list(weight_shape)))
-    else:
-        inits["w"] = f32(*weight_shape, seed=2, scale=0.5)
-    outputs = [vi("y", None)] + ([vi("mm" if bias else "x", None)] if extra_reader else [])
-    return model(front + nodes, inputs, outputs, inits, opset=opset)
-
-
-A_FEEDS = {"a": f32(2, 4, 16, seed=1, scale=2.0)}
-
-
-@pytest.mark.parametrize("bias", [True, False])
-def test_matmul_then_gelu_becomes_matmul_bias_gelu(bias, tmp_path):
-    m = matmul_gelu_model(bias)
-    sess = assert_same_outputs(m, A_FEEDS)
-    assert ops(sess) == {"ai.onnxrt:MatMulBiasGelu": 1}
-    assert ops(session(m, disabled=["matmul_gelu_fusion"])) == {
-        "MatMul": 1, "com.microsoft:BiasGelu" if bias else "com.microsoft:Gelu": 1}
-    # the saved model holds the fused node, and onnxrt runs it again to the same values
-    saved = tmp_path / "fused.onnx"
-    session(m, save=saved)
-    assert [n.op_type for n in onnx.load(str(saved)).graph.node] == ["MatMulBiasGelu"]
-    np.testing.assert_array_equal(session(saved).run(None, A_FEEDS)[0], sess.run(None, A_FEEDS)[0])
-
-
-def test_ai_onnx_gelu_after_matmul_fuses_only_in_its_erf_form():
-    feeds = {"a": f32(3, 16, seed=4)}
-    exact = matmul_gelu_model(bias=False, a_shape=(3, 16), gelu="none")
-    assert ops(assert_same_outputs(exact, feeds)) == {"ai.onnxrt:MatMulBiasGelu": 1}
-    tanh = matmul_gelu_model(bias=False, a_shape=(3, 16), gelu="tanh")
-    assert ops(assert_same_outputs(tanh, feeds))["ai.onnxrt:MatMulBiasGelu"] == 0
-
-
-@pytest.mark.parametrize("case", ["product_read_elsewhere", "weight_fed", "vector_input"])
-def test_matmul_gelu_that_cannot_fuse_stays(case):
-    feeds = dict(A_FEEDS)
-    if case == "product_read_elsewhere":
-        m = matmul_gelu_model(extra_reader=True)
-    elif case == "weight_fed":
-        m = matmul_gelu_model(weight_input=True)
-        feeds["w"] = f32(16, 24, seed=5)
-    else:
-        m = matmul_gelu_model(a_shape=(16,))
-        feeds = {"a": f32(16, seed=6)}
-    assert ops(assert_same_outputs(m, feeds))["ai.onnxrt:MatMulBiasGelu"] == 0
 
 
 def layer_norm_nodes(square="Pow", beta=True):

@@ -11,11 +11,6 @@ nodes has a kernel for the fused op. The patterns are the ones exporters write:
   as products -> com.microsoft ``FastGelu``.
 - ``bias_gelu_fusion``: ``Gelu(a + bias)`` with a constant 1-D bias over the last axis
   -> ``BiasGelu``; ``FastGelu(a + bias)`` -> ``FastGelu(a, bias)``.
-- ``matmul_gelu_fusion``: ``BiasGelu(MatMul(a, W), bias)``, ``Gelu(MatMul(a, W))``
-  (com.microsoft, or ai.onnx's with ``approximate="none"``) with a constant 2-D
-  float32 ``W`` and the product read by the Gelu alone -> onnxrt's ``MatMulBiasGelu``
-  (``ai.onnxrt``), whose threads each finish their rows of the product while they are
-  in cache. onnxruntime has no such op: a model saved after this fusion runs on onnxrt.
 - ``layer_norm_fusion``: ReduceMean, Sub, Pow (or Mul), ReduceMean, Add(eps), Sqrt,
   Div, Mul(gamma), Add(beta) over the last axis -> ``LayerNormalization`` (opset 17+).
 - ``simplified_layer_norm_fusion``: RMSNorm, Pow, ReduceMean, Add(eps), Sqrt, then Div,
@@ -33,14 +28,13 @@ import math
 import numpy as np
 from onnx import TensorProto, helper
 
-from .patterns import MS_DOMAIN, ONNXRT_DOMAIN, GraphView
+from .patterns import MS_DOMAIN, GraphView
 
 __all__ = [
     "bias_gelu_fusion",
     "fast_gelu_fusion",
     "gelu_fusion",
     "layer_norm_fusion",
-    "matmul_gelu_fusion",
     "other_input",
     "scaled_by",
     "quick_gelu_fusion",
@@ -219,38 +213,6 @@ def bias_gelu_fusion(graph, ctx) -> bool:
             new = view.make_node(op, [a, bias], list(g.outputs), g.name, domain=MS_DOMAIN)
             view.replace([add, g], [new])
             break
-    return view.finish()
-
-
-def _erf_gelu(view: GraphView, node) -> bool:
-    """Whether ``node`` is a BiasGelu, or a Gelu of the erf form, of one input (and bias)."""
-    if node.domain == MS_DOMAIN:
-        return node.op_type == "BiasGelu" and len(node.inputs) == 2 or node.op_type == "Gelu" and len(node.inputs) == 1
-    return (node.domain == "" and node.op_type == "Gelu" and len(node.inputs) == 1
-            and node.attr("approximate", "none") == "none")
-
-
-def matmul_gelu_fusion(graph, ctx) -> bool:
-    """``Gelu(MatMul(a, W) [+ bias])`` with a constant 2-D float32 ``W`` -> ``MatMulBiasGelu``."""
-    view = GraphView(graph, ctx)
-    for g in list(graph.nodes):
-        if not view.free(g) or not _erf_gelu(view, g) or len(g.outputs) != 1:
-            continue
-        mm = view.producer(g.inputs[0], "MatMul")
-        if mm is None or len(mm.inputs) != 2 or view.only_reader(mm.outputs[0]) is not g:
-            continue
-        a, w = mm.inputs
-        weight = view.const(w)
-        rank = view.rank(a)
-        if weight is None or weight.ndim != 2 or weight.dtype != np.float32 or rank is None or rank < 2:
-            continue
-        if view.elem_type(a) != TensorProto.FLOAT:
-            continue
-        bias = list(g.inputs[1:])
-        if bias and view.elem_type(bias[0]) != TensorProto.FLOAT:
-            continue
-        new = view.make_node("MatMulBiasGelu", [a, w] + bias, list(g.outputs), g.name, domain=ONNXRT_DOMAIN)
-        view.replace([mm, g], [new])
     return view.finish()
 
 

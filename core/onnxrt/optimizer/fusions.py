@@ -7,7 +7,7 @@ Level 1 (basic, before partitioning, provider independent): ``conv_bn_fusion``,
 Level 2 (extended, after partitioning, only where the owning provider has the fused
 op's kernel): the quantization fusions of ``quant_fusions`` (first, as
 onnxruntime runs its QDQ transformers first), ``gelu_fusion``, ``fast_gelu_fusion``, ``quick_gelu_fusion``, ``bias_gelu_fusion``,
-``matmul_gelu_fusion``, ``layer_norm_fusion``, ``simplified_layer_norm_fusion``, ``skip_layer_norm_fusion``,
+``layer_norm_fusion``, ``simplified_layer_norm_fusion``, ``skip_layer_norm_fusion``,
 ``attention_fusion``, ``conv_activation_fusion``, ``gemm_activation_fusion``,
 ``transpose_cancellation``, ``transpose_matmul_fusion``, ``matmul_scale_fusion``, and
 ``fusion_dead_node_elimination`` to drop what the fusions left unused.
@@ -47,7 +47,6 @@ def register(reg) -> None:
     reg.add("fast_gelu_fusion", fuse_transformer.fast_gelu_fusion, extended)
     reg.add("quick_gelu_fusion", fuse_transformer.quick_gelu_fusion, extended)
     reg.add("bias_gelu_fusion", fuse_transformer.bias_gelu_fusion, extended)
-    reg.add("matmul_gelu_fusion", fuse_transformer.matmul_gelu_fusion, extended)
     reg.add("layer_norm_fusion", fuse_transformer.layer_norm_fusion, extended)
     reg.add("simplified_layer_norm_fusion", fuse_transformer.simplified_layer_norm_fusion, extended)
     reg.add("skip_layer_norm_fusion", fuse_transformer.skip_layer_norm_fusion, extended)

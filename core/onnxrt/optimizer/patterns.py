@@ -22,7 +22,7 @@ from ..types import shape_of
 __all__ = ["MS_DOMAIN", "ONNXRT_DOMAIN", "GraphView", "trim_inputs"]
 
 MS_DOMAIN = "com.microsoft"
-#: onnxrt's own ops, which only its fusions make (``LookupTable``, ``MatMulBiasGelu``,
+#: onnxrt's own ops, which only its fusions make (``LookupTable``,
 #: ``DynamicQuantizeAttention``)
 ONNXRT_DOMAIN = "ai.onnxrt"
 

@@ -23,7 +23,7 @@ import numpy as np
 
 from onnxrt.threads import blas_architectures, current_thread_count
 
-__all__ = ["PARALLEL_MIN_FLOPS", "matmul", "matmul_nd", "parallel_for", "split_bounds", "thread_count"]
+__all__ = ["PARALLEL_MIN_FLOPS", "matmul", "matmul_nd", "parallel_for", "thread_count"]
 
 # OpenBLAS kernel sets whose single-precision GEMM uses AVX-512: about twice as many
 # multiply-adds per core and second as the AVX2 (Haswell, Zen) ones.
@@ -142,13 +142,10 @@ def parallel_for(count: int, fn, threads: int | None = None) -> None:
         raise job.error
 
 
-def split_bounds(total: int, parts: int, align: int = 1) -> list[int]:
-    """Cut points splitting ``range(total)`` into at most ``parts`` runs of equal length,
-    a multiple of ``align`` (but the last): ``[0, c1, ..., total]``."""
+def _bounds(total: int, parts: int, align: int = 1) -> list[int]:
     step = -(-total // parts)
     step = -(-step // align) * align
     return list(range(0, total, step)) + [total]
-
 
 
 def matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None, epilogue=None) -> np.ndarray:
@@ -180,7 +177,7 @@ def matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None, epilogue
     # ([2304, 64] x [64, 3136]: 5561 us in four, 5968 in two).
     parts = threads if work < 16 * PARALLEL_MIN_FLOPS else 2 * threads
     if m >= n_:
-        cuts = split_bounds(m, parts, 8)
+        cuts = _bounds(m, parts, 8)
 
         def part(i):
             rows = slice(cuts[i], cuts[i + 1])
@@ -189,7 +186,7 @@ def matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None, epilogue
                 epilogue(out[rows], rows, everything)
 
     else:
-        cuts = split_bounds(n_, parts, 16)
+        cuts = _bounds(n_, parts, 16)
 
         def part(i):
             cols = slice(cuts[i], cuts[i + 1])
@@ -247,7 +244,7 @@ def matmul_nd(a: np.ndarray, b: np.ndarray) -> np.ndarray:
         matmul(aa[0], bb[0], out=ov[0])
         return out
     parts = min(count, 2 * threads)
-    cuts = split_bounds(count, parts)
+    cuts = _bounds(count, parts)
 
     def part(i):
         np.matmul(aa[cuts[i] : cuts[i + 1]], bb[cuts[i] : cuts[i + 1]], out=ov[cuts[i] : cuts[i + 1]])

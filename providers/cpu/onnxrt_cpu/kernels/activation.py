@@ -288,16 +288,6 @@ def _gelu_erf(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
 _GELU_CHUNK = 1 << 16
 
 
-def gelu_erf_into(x: np.ndarray) -> None:
-    """:func:`gelu_erf` of a C-contiguous float32 or float64 ``x`` written over ``x``, on
-    the calling thread (a pool thread's share of a larger product: see
-    ``MatMulBiasGelu``), in :data:`_GELU_CHUNK`-value pieces where it is larger."""
-    flat = x.reshape(-1)
-    for i in range(0, flat.size, _GELU_CHUNK):
-        piece = flat[i : i + _GELU_CHUNK]
-        _gelu_erf(piece, out=piece)
-
-
 def gelu_erf(x: np.ndarray) -> np.ndarray:
     """``0.5 * x * (1 + erf(x / sqrt(2)))`` in ``x``'s (float32 or float64) type."""
     if x.size <= _GELU_CHUNK or not x.flags.c_contiguous:

@@ -17,11 +17,10 @@ import math
 import numpy as np
 from onnxrt.kernel import Kernel
 
-from .. import parallel
 from ..parallel import matmul_nd
 from ..registry import op
-from .activation import gelu_erf, gelu_erf_into, swish
-from .rows import SoftmaxRoute, broadcast_buffer, columns_op, row_mean, row_op, row_vector, softmax_rows
+from .activation import gelu_erf, swish
+from .rows import SoftmaxRoute, broadcast_buffer, columns_op, row_mean, row_op, row_sum, row_vector, softmax_rows
 
 __all__ = [
     "Attention",
@@ -71,57 +70,6 @@ def gelu(k, x):
 def bias_gelu(k, a, b):
     """``Gelu(A + B)`` with a 1-D bias ``B``."""
     return _back(gelu_erf(_bias_add(_work(a), b, "BiasGelu")), a.dtype)
-
-
-@op("MatMulBiasGelu", since=1, domain="ai.onnxrt")
-class MatMulBiasGelu(Kernel):
-    """``Gelu(A @ B + bias)`` (the erf Gelu, ``bias`` optional) for ``A`` ``[..., K]``
-    and a 2-D ``B`` ``[K, N]``: what ``matmul_gelu_fusion`` makes of a MatMul read
-    only by a BiasGelu or Gelu (a transformer's feed-forward layer).
-
-    Split over the kernel threads by rows of the product, each thread adds the bias
-    and computes the Gelu of its rows right after its product, while they are in its
-    cache and without a second hand-over to the pool: BERT-base's ``[128, 768] x
-    [768, 3072]`` with its BiasGelu, 150 alternating runs on two threads, 6.7 ms as a
-    MatMul and a BiasGelu against 5.3 ms fused (the MatMul alone: 5.1 ms). Products
-    too small to split, or with fewer rows than the threads' share, run the MatMul
-    and then the Gelu as the two kernels do.
-    """
-
-    def run(self, a, b, bias=None):
-        desc = self.node.describe()
-        if a.ndim < 2 or b.ndim != 2 or a.shape[-1] != b.shape[0]:
-            raise ValueError(f"{desc}: cannot multiply shapes {a.shape} and {b.shape} (B must be 2-D)")
-        if a.dtype != b.dtype or (bias is not None and bias.dtype != a.dtype):
-            raise TypeError(f"{desc}: A, B and bias must share one type, got {a.dtype}, {b.dtype}"
-                            f"{'' if bias is None else ', ' + str(bias.dtype)}")
-        k, n = b.shape
-        if bias is not None and bias.shape != (n,):
-            raise ValueError(f"{desc}: bias must have shape ({n},), got {bias.shape}")
-        if a.dtype not in (np.float32, np.float64):
-            y = matmul_nd(_work(a), _work(b))
-            return (_back(gelu_erf(_bias_add(y, bias, desc)), a.dtype),)
-        a2 = a.reshape(-1, k)
-        rows = a2.shape[0]
-        threads = parallel.thread_count()
-        if threads < 2 or rows * k * n < parallel.PARALLEL_MIN_FLOPS or rows < 16 * threads:
-            y = matmul_nd(a2, b)
-            return (gelu_erf(_bias_add(y, bias, desc)).reshape(a.shape[:-1] + (n,)),)
-        out = np.empty((rows, n), a.dtype)
-        cuts = parallel.split_bounds(rows, threads, 8)
-        row = None if bias is None else row_vector(bias, out)
-
-        def part(i):
-            o = out[cuts[i] : cuts[i + 1]]
-            np.matmul(a2[cuts[i] : cuts[i + 1]], b, out=o)
-            if row is not None:
-                columns_op(np.add, o, row)
-            elif bias is not None:
-                o += bias
-            gelu_erf_into(o)
-
-        parallel.parallel_for(len(cuts) - 1, part, threads)
-        return (out.reshape(a.shape[:-1] + (n,)),)
 
 
 @op("FastGelu", since=1, domain=MS)
