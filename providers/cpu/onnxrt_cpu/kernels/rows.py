@@ -1,4 +1,5 @@
-"""Sums, means and maxima along the last axis, for the short rows of normalizations.
+"""Sums, means and maxima along the last axis, for the short rows of normalizations;
+numpy's ufunc buffer narrowed for broadcasts along long runs (:func:`broadcast_buffer`).
 
 numpy reduces along a short contiguous last axis slowly: it walks each row with a
 per-row loop setup. Softmax over attention scores (rows of 32 to 512), LayerNorm over
