@@ -320,8 +320,8 @@ def broadcast_buffer(out_shape, *shapes):
     Where an operand is broadcast (a per-channel ``[C, 1, 1]`` scale over ``[C, H,
     W]``, a per-row ``[R, 1]`` mean) and the inner run is shorter than numpy's
     8192-value buffer, numpy's iterator copies several runs through its buffers to
-    make a longer loop: for runs of 128 values and more that costs more than the
-    per-run loop set-up it saves. ``[256, 3136] * [256, 1]``: 454 us buffered, 245 us
+    make a longer loop: for runs of 256 values and more that costs more than the
+    per-run loop set-up it saves (:data:`_BUFFER_MIN_RUN`). ``[256, 3136] * [256, 1]``: 454 us buffered, 245 us
     with the buffer at most one run long (a scalar multiplication: 234 us); ``[1536,
     768] - [1536, 1]``: 696 against 344 us. The results are the same bits either way.
     Elsewhere (short runs, small arrays, no broadcasting) nothing changes.
