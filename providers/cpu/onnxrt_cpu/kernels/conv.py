@@ -455,7 +455,7 @@ def _conv_forward(x, wp: _ConvWeights, strides, dilations, pb, pe, out_sp, bias=
     pitch = nd == 2 and strides[1] == 1 and out_sp[1] == x.shape[3] and min(pb) >= 0 and min(pe) >= 0
     if pitch:
         h, wd = x.shape[2:]
-        head, per, edges = _row_pitch(h, wd, pb, pe, kernel[1], dilations[1])
+        head, per, edges = _row_pitch(h, wd, tuple(pb), tuple(pe), kernel[1], dilations[1])
         xq = np.empty((n, c, per), dtype=x.dtype)
         _pad_margins(xq, head, head + h * wd, pad_value)
         xq[..., head : head + h * wd] = x.reshape(n, c, h * wd)
@@ -951,7 +951,7 @@ def _depthwise_rows(x, wp, dilations, pb, pe, out_sp, y, pad_value, bias=None, b
     oh = out_sp[0]
     length = oh * wd
     taps = kh * kw
-    head, per, edges = _row_pitch(h, wd, pb, pe, kw, dw)
+    head, per, edges = _row_pitch(h, wd, tuple(pb), tuple(pe), kw, dw)
     cb = max(1, min(c, _DEPTHWISE_BLOCK_ELEMS // max(1, taps * length)))
     jobs = [(i, c0) for i in range(n) for c0 in range(0, c, cb)]
     w3, rows_k = wp.depthwise_taps(None, bias, bias_key)
@@ -1003,13 +1003,15 @@ def _depthwise_rows(x, wp, dilations, pb, pe, out_sp, y, pad_value, bias=None, b
     parallel.parallel_for(len(jobs), block, 1 if work < parallel.PARALLEL_MIN_FLOPS else None)
 
 
-def _row_pitch(h: int, wd: int, pb, pe, kw: int, dw: int) -> tuple[int, int, list[tuple[int, int]]]:
+@functools.lru_cache(maxsize=256)
+def _row_pitch(h: int, wd: int, pb, pe, kw: int, dw: int) -> tuple[int, int, tuple[tuple[int, int], ...]]:
     """A 2-D map of ``h`` rows of ``wd`` values laid out on its own row pitch, padded
     above and below only (``pb[0]`` and ``pe[0]`` rows, plus ``pb[1]`` and ``pe[1]``
     values at the two ends): ``(head, per, edges)``, the values before the first input
     value, the values per channel, and the ``(tap column, output column)`` pairs whose
     tap (of ``kw`` columns dilated by ``dw``) falls left or right of the row and reads
-    the neighbouring row instead of the padding."""
+    the neighbouring row instead of the padding. Kept per geometry (the arguments are
+    ints and tuples)."""
     head = pb[1] + pb[0] * wd
     per = head + h * wd + pe[0] * wd + pe[1]
     edges = []
@@ -1017,7 +1019,7 @@ def _row_pitch(h: int, wd: int, pb, pe, kw: int, dw: int) -> tuple[int, int, lis
         off = tx * dw - pb[1]
         cols_out = range(min(wd, -off)) if off < 0 else range(max(0, wd - off), wd)
         edges.extend((tx, col) for col in cols_out)
-    return head, per, edges
+    return head, per, tuple(edges)
 
 
 def _pad_margins(a: np.ndarray, start: int, stop: int, value) -> None:
