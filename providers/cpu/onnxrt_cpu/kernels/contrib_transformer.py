@@ -20,6 +20,7 @@ from onnxrt.kernel import Kernel
 from ..parallel import matmul_nd
 from ..registry import op
 from .activation import gelu_erf, swish
+from .normalization import _normalize
 from .rows import SoftmaxRoute, broadcast_buffer, columns_op, row_mean, row_op, row_vector, softmax_rows
 
 __all__ = [
@@ -107,22 +108,15 @@ def _check_vec(p, h, what, name):
 
 def _layer_norm(v, gamma, beta, eps, simplified):
     """Normalize the last axis; returns ``(y, mean, inv_std)`` (keepdims)."""
-    # per-row statistics broadcast over rows of the hidden size (rows.broadcast_buffer)
-    per_row = broadcast_buffer(v.shape, v.shape, v.shape[:-1] + (1,))
     if simplified:
         mean = None
         ms = row_mean(v * v)
         inv = 1.0 / np.sqrt(ms + v.dtype.type(eps))
-        with per_row:
+        # a per-row scale over rows of the hidden size (rows.broadcast_buffer)
+        with broadcast_buffer(v.shape, v.shape, inv.shape):
             y = v * inv
     else:
-        mean = row_mean(v)
-        with per_row:
-            y = v - mean
-        var = row_mean(y * y)
-        inv = 1.0 / np.sqrt(var + v.dtype.type(eps))
-        with per_row:
-            y *= inv
+        y, mean, inv = _normalize(v, -1, eps)
     if row_op(np.multiply, y, gamma) is None:
         y *= gamma
     if beta is not None and row_op(np.add, y, beta) is None:
