@@ -15,6 +15,7 @@ from .quantize import (
     _single_f32,
     column_l1,
     dynamic_quantize_linear,
+    dynamic_range,
     int_matmul_f32,
 )
 from .rnn import LSTM, directions_together, ragged_lengths, ragged_steps
@@ -63,15 +64,27 @@ def _dequantize_lstm_weight(w, scale, zero_point, what, desc) -> np.ndarray:
     return np.ascontiguousarray(v.transpose(0, 2, 1))
 
 
+def _gate_order(h4: int) -> np.ndarray:
+    """The column order of the emulation's gates, o, f, i, c, from ONNX's i, o, f, c:
+    the sigmoid gates stay the first three blocks, and f and i side by side multiply
+    the cell and c side by side (one product for ``f * C + i * c``)."""
+    h = h4 // 4
+    return np.concatenate([np.arange(h, 3 * h), np.arange(h), np.arange(3 * h, h4)])
+
+
 class _Prepared:
     """Centred float32 weights of a DynamicQuantizeLSTM for its emulation: ``w``
     ``[D, input, 4H]`` as one ``[input, D * 4H]`` GEMM operand, ``r_neg`` ``[D, H,
     4H]`` (the sigmoid gates' columns negated), their largest magnitudes and column
     sums, the per-column scales ``[D, 4H]`` (scalar ones repeated) and W's with the
-    sigmoid gates' columns negated."""
+    sigmoid gates' columns negated; every gate column in the order of
+    :func:`_gate_order` (``order``, which the bias takes too)."""
 
     def __init__(self, w, w_scale, r, r_scale):
         dirs, size, h4 = w.shape
+        self.order = order = _gate_order(h4)
+        # take, not w[..., order]: the latter lays the columns out as the outer axis
+        w, w_scale, r, r_scale = (np.take(v, order, axis=-1) for v in (w, w_scale, r, r_scale))
         self.w_cat = np.ascontiguousarray(w.transpose(1, 0, 2).reshape(size, dirs * h4))
         self.w_max = float(np.abs(w).max(initial=0))
         # the columns' absolute sums bound the products more tightly than the largest
@@ -162,6 +175,12 @@ class DynamicQuantizeLSTM(Kernel):
 
     def _quant_rows(self, v):
         """Dynamic uint8 quantization: centred float32 values and their scale."""
+        xf, scale, _, saturates = dynamic_range(v)
+        if not saturates:
+            # within the range no value clips: the centred values are rint(x / scale)
+            # themselves, without the round trip through uint8 and the zero point
+            c = np.divide(xf, scale)
+            return np.rint(c, out=c), np.array(scale, dtype=_F32)
         q, s, z = dynamic_quantize_linear(self, v)
         c = q.astype(_F32)
         c -= np.float32(z)
@@ -200,7 +219,7 @@ class DynamicQuantizeLSTM(Kernel):
         gxa *= xs * prep.w_scale_signed
         if b is not None:
             b = b.reshape(dirs, 2, h4)
-            gxa += ((b[:, 0] + b[:, 1]) * prep.sign).reshape(-1)
+            gxa += ((b[:, 0] + b[:, 1])[:, prep.order] * prep.sign).reshape(-1)
         # every step of both directions at once: direction d's step t reads gx[t, d],
         # the reverse direction's inputs stored in reverse time order
         gx = np.zeros((seq, dirs, rows, h4), _F32)
@@ -293,13 +312,14 @@ class DynamicQuantizeLSTM(Kernel):
         (ragged ``sequence_lens``) zero each row's state past its length, as
         onnxruntime does, and ``last_cell`` keeps each row's cell at its last valid
         step. Every array is allocated here once,
-        with its views, so that a step is some twenty numpy calls on small arrays."""
+        with its views, so that a step is eighteen numpy calls on small arrays: on
+        arrays of a few thousand values a call's own cost is most of its time, so the
+        loop takes each step's views from one ``zip`` and passes ``out`` by position."""
         seq, dirs, rows, h4 = gx.shape
         hid = h4 // 4
         groups = rows // fr
         rc, r_scale, per_row, r_max = recurrent
         bottoms, tops = ranges
-        scales3 = scales[:, :, :, None]
         q = np.zeros((dirs, groups, fr * hid), _F32)
         q3 = q.reshape(dirs, rows, hid)
         acc = np.empty((dirs, rows, h4), _F32)
@@ -309,65 +329,73 @@ class DynamicQuantizeLSTM(Kernel):
             rs = r_scale[:, :1].copy()
             mult = np.empty((dirs, groups), _F32)
             mult4 = mult[:, :, None, None]
+            step_scales = scales
         else:
             rs = r_scale.reshape(dirs, 1, 1, h4)
             mult4 = mult = np.empty((dirs, groups, 1, h4), _F32)
-            scales4 = scales[:, :, :, None, None]
-        # the sigmoid gates in a buffer of their own: on a contiguous array exp and the
-        # rest take half the time they take on the gate columns of the product
+            step_scales = scales[:, :, :, None, None]
+        # the sigmoid gates (o, f, i) in a buffer of their own: on a contiguous array
+        # exp and the rest take half the time they take on the gate columns of the
+        # product
         sig = np.empty((dirs, rows, 3 * hid), _F32)
-        i_g, o_g, f_g = (sig[..., k * hid : (k + 1) * hid] for k in range(3))
+        o_g, f_i = sig[..., :hid], sig[..., hid:]
+        # the cell beside tanh(c): with f and i beside each other, one product gives
+        # f * C and i * c, and one sum of its halves the new cell
+        cc = np.empty((dirs, rows, 2 * hid), _F32)
+        c_now, c_in = cc[..., :hid], cc[..., hid:]
+        c_now[...] = cell
+        prod = np.empty_like(cc)
+        fc, ic = prod[..., :hid], prod[..., hid:]
         c_g = acc[..., 3 * hid :]
         neg = acc[..., : 3 * hid]
         tmp = np.empty_like(cell)
-        hv_all = ys.reshape(seq + 1, dirs, groups, fr * hid)
-        f255 = np.float32(255)
-        one = np.float32(1)
-        for t in range(seq):
-            scale = scales[t]
+        # constants of the operands' shapes: with a numpy scalar operand a call costs
+        # 0.15-0.2 us more (its conversion to an array)
+        f255 = np.full(scales.shape[1:], 255, _F32)
+        ones = np.ones_like(sig)
+        top_of, bottom_of = np.maximum.reduce, np.minimum.reduce
+        sub, div, rint, mul, add, exp, tanh = np.subtract, np.divide, np.rint, np.multiply, np.add, np.exp, np.tanh
+        matmul, reciprocal = np.matmul, np.reciprocal
+        per_step = zip(range(seq), scales, step_scales, scales[:, :, :, None],
+                       ys.reshape(seq + 1, dirs, groups, fr * hid), tops, bottoms, gx, ys[1:])
+        for t, scale, step_scale, divisor, hv, top, bottom, g, y in per_step:
             if t == 0 and zero_start:
                 pass  # a zero state: scale 1 and zero q, as set
             elif careful:
                 hq, scale[...] = self._quant_groups(ys[t], groups)
                 q3[...] = hq
             else:
-                hv = hv_all[t]
-                top, bottom = tops[t], bottoms[t]
-                hv.max(axis=2, out=top, initial=0)
-                hv.min(axis=2, out=bottom, initial=0)
-                np.subtract(top, bottom, out=scale)
-                np.divide(scale, f255, out=scale)
-                np.divide(hv, scales3[t], out=q)
-                np.rint(q, out=q)
+                top_of(hv, 2, None, top, False, 0)
+                bottom_of(hv, 2, None, bottom, False, 0)
+                sub(top, bottom, scale)
+                div(scale, f255, scale)
+                div(hv, divisor, q)
+                rint(q, q)
             if exact:
-                np.matmul(q3, rc, out=acc)
+                matmul(q3, rc, acc)
             else:
                 for d in range(dirs):
                     acc[d] = _int_matmul(q3[d], rc[d], 255.0, r_max[d])  # in exact chunks
-            if per_row:
-                np.multiply(scale, rs, out=mult)
-            else:
-                np.multiply(scales4[t], rs, out=mult)
-            np.multiply(acc4, mult4, out=acc4)
-            np.add(acc, gx[t], out=acc)
-            # gates i, o, f: 1 / (1 + exp(-x)), whose rounding is closer to
+            mul(step_scale, rs, mult)
+            mul(acc4, mult4, acc4)
+            add(acc, g, acc)
+            # gates o, f, i: 1 / (1 + exp(-x)), whose rounding is closer to
             # onnxruntime's logistic than 0.5 * tanh(x / 2) + 0.5 is: one rounding
             # apart moves a hidden value across a quantization step now and then,
             # which the next steps carry on (5e-4 on a tagger's outputs)
-            np.exp(neg, out=sig)
-            np.add(sig, one, out=sig)
-            np.divide(one, sig, out=sig)
-            np.tanh(c_g, out=c_g)
-            # gates i, o, f, then c
-            np.multiply(i_g, c_g, out=tmp)
-            np.multiply(cell, f_g, out=cell)
-            np.add(cell, tmp, out=cell)
-            np.tanh(cell, out=tmp)
-            np.multiply(o_g, tmp, out=ys[t + 1])
+            exp(neg, sig)
+            add(sig, ones, sig)
+            reciprocal(sig, sig)  # 1 / x, the same division
+            tanh(c_g, c_in)
+            mul(f_i, cc, prod)
+            add(fc, ic, c_now)
+            tanh(c_now, tmp)
+            mul(o_g, tmp, y)
             if masks is not None:
                 m = masks[t]
-                np.multiply(ys[t + 1], m, out=ys[t + 1])
-                np.copyto(last_cell, cell, where=m > 0)
+                mul(y, m, y)
+                np.copyto(last_cell, c_now, where=m > 0)
+        cell[...] = c_now
 
     def _quant_groups(self, h, groups):
         """``h`` ``[D, rows, H]`` quantized by :func:`dynamic_quantize_linear` per
