@@ -22,7 +22,7 @@ import numpy as np
 
 from onnxrt.kernel import Kernel
 
-from ..parallel import matmul_nd
+from ..parallel import blas_aligned, matmul_nd
 from ..registry import op
 
 __all__ = ["RNN", "GRU", "LSTM"]
@@ -312,7 +312,8 @@ class _Recurrent(Kernel):
             if self.scaled[d]:
                 scale[d, self._sig_cols(H)] = 0.5
         w_t = np.ascontiguousarray((W * scale[:, :, None]).transpose(2, 0, 1).reshape(W.shape[2], D * G * H))
-        r_t = [np.ascontiguousarray((R[d] * scale[d][:, None]).T) for d in range(D)]
+        # aligned: a step reads its recurrent weight in place (see blas_aligned)
+        r_t = [blas_aligned((R[d] * scale[d][:, None]).T) for d in range(D)]
         p = {"H": H, "w_t": w_t, "r_t": r_t, "scale": scale, "dt": dt}
         self.fold_bias(p, Bw, Br, scale)
         return p
@@ -470,6 +471,13 @@ class RNN(_Recurrent):
         return (h,)
 
 
+def _steps_of(forward: bool, *arrays):
+    """The per-step views of ``arrays`` (``[S, ...]`` each) in the loop's order, as one
+    ``zip``: a step then indexes nothing."""
+    step = 1 if forward else -1
+    return zip(*(a[::step] for a in arrays))
+
+
 def _gru_update(h, hh, z, tmp, hn, m, out):
     """A GRU step's new state ``H_t = (1 - z) ⊙ h~ + z ⊙ H_{t-1} = h~ + z ⊙ (H_{t-1} -
     h~)`` from ``h`` (``H_{t-1}``) and ``hh`` (``h~``), written to ``out``; returns the
@@ -508,8 +516,8 @@ class GRU(_Recurrent):
             p["rbh"] = [np.ascontiguousarray(Br[d, 2 * H :]) for d in range(D)]
         p["xw_bias"] = xb.reshape(-1)
         # split recurrent weights: [z r] and h blocks
-        p["r_zr"] = [np.ascontiguousarray(r[:, : 2 * H]) for r in p["r_t"]]
-        p["r_h"] = [np.ascontiguousarray(r[:, 2 * H :]) for r in p["r_t"]]
+        p["r_zr"] = [blas_aligned(r[:, : 2 * H]) for r in p["r_t"]]
+        p["r_h"] = [blas_aligned(r[:, 2 * H :]) for r in p["r_t"]]
 
     def _both_directions(self, p, extra) -> bool:
         default = tuple(self.DEFAULT_ACTS)
@@ -527,15 +535,15 @@ class GRU(_Recurrent):
         if self.lbr:
             r_all = p.get("r_both")
             if r_all is None:
-                r_all = p["r_both"] = np.stack(p["r_t"])
+                r_all = p["r_both"] = blas_aligned(np.stack(p["r_t"]))
             rbh = np.stack(p["rbh"])[:, None, :]
             g3 = np.empty((2, Bn, 3 * H), dt)
             zr, z, r, hh = g3[..., : 2 * H], g3[..., :H], g3[..., H : 2 * H], g3[..., 2 * H :]
         else:
             r_zr, r_h = p.get("r_both_zr"), p.get("r_both_h")
             if r_zr is None:
-                r_zr = p["r_both_zr"] = np.stack(p["r_zr"])
-                r_h = p["r_both_h"] = np.stack(p["r_h"])
+                r_zr = p["r_both_zr"] = blas_aligned(np.stack(p["r_zr"]))
+                r_h = p["r_both_h"] = blas_aligned(np.stack(p["r_h"]))
             zr = np.empty((2, Bn, 2 * H), dt)
             z, r = zr[..., :H], zr[..., H:]
             hh = np.empty((2, Bn, H), dt)
@@ -564,6 +572,8 @@ class GRU(_Recurrent):
         H = p["H"]
         f, g_act = self.f[d], self.g[d]
         bound = self._clip_bounds(p, d)
+        if masks is None and bound is None and self.scaled[d] and tuple(self.act_names[d]) == self.DEFAULT_ACTS:
+            return self._loop_default(xw, p, d, h, Y, order.step > 0)
         b_zr = None if bound is None else bound[: 2 * H]
         b_h = None if bound is None else bound[2 * H :]
         Bn = h.shape[0]
@@ -605,6 +615,57 @@ class GRU(_Recurrent):
                 clip(hh, -b_h, b_h, out=hh)
             g_act(hh, hh)
             h = _gru_update(h, hh, z, tmp, hn, None if masks is None else masks[t], Y[t])
+        return (h,)
+
+    def _loop_default(self, xw, p, d, h, Y, forward):
+        """:meth:`GRU._loop` for the default activations without clip or ragged batches:
+        the same operations, without the activation and update calls of the general
+        loop, with operands of the step's own shape (no row broadcast) and each step's
+        views taken from one ``zip``: a batch-1 step is a dozen numpy calls on a few
+        hundred values, whose own cost is most of the step besides the product."""
+        H = p["H"]
+        Bn = h.shape[0]
+        dt = h.dtype
+        matmul, add, sub, mul, tanh = np.matmul, np.add, np.subtract, np.multiply, np.tanh
+        half = np.full((Bn, 2 * H), 0.5, dt)  # the sigmoid gates' 0.5 * tanh + 0.5
+        tmp = np.empty((Bn, H), dt)
+        if self.lbr:
+            r_all = p["r_t"][d]
+            rbh = np.broadcast_to(p["rbh"][d], (Bn, H)).copy()
+            g3 = np.empty((Bn, 3 * H), dt)
+            zr, z, r, hh = g3[:, : 2 * H], g3[:, :H], g3[:, H : 2 * H], g3[:, 2 * H :]
+            for x_zr, x_h, y in _steps_of(forward, xw[:, :, : 2 * H], xw[:, :, 2 * H :], Y):
+                matmul(h, r_all, g3)
+                add(zr, x_zr, zr)
+                tanh(zr, zr)
+                mul(zr, half, zr)
+                add(zr, half, zr)
+                add(hh, rbh, hh)
+                mul(hh, r, hh)
+                add(hh, x_h, hh)
+                tanh(hh, hh)
+                # H_t = h~ + z * (H_{t-1} - h~)
+                sub(h, hh, tmp)
+                mul(tmp, z, tmp)
+                h = add(hh, tmp, y)
+            return (h,)
+        r_zr, r_h = p["r_zr"][d], p["r_h"][d]
+        zr = np.empty((Bn, 2 * H), dt)
+        z, r = zr[:, :H], zr[:, H:]
+        hh = np.empty((Bn, H), dt)
+        for x_zr, x_h, y in _steps_of(forward, xw[:, :, : 2 * H], xw[:, :, 2 * H :], Y):
+            matmul(h, r_zr, zr)
+            add(zr, x_zr, zr)
+            tanh(zr, zr)
+            mul(zr, half, zr)
+            add(zr, half, zr)
+            mul(r, h, tmp)
+            matmul(tmp, r_h, hh)
+            add(hh, x_h, hh)
+            tanh(hh, hh)
+            sub(h, hh, tmp)
+            mul(tmp, z, tmp)
+            h = add(hh, tmp, y)
         return (h,)
 
 
@@ -663,7 +724,7 @@ class LSTM(_Recurrent):
         dt = ys.dtype
         r = p.get("r_both")
         if r is None:
-            r = p["r_both"] = np.stack(p["r_t"])
+            r = p["r_both"] = blas_aligned(np.stack(p["r_t"]))
         gates = np.empty((2, Bn, 4 * H), dt)
         # the sigmoid gates 0.5 * tanh + 0.5 (their inputs were prescaled), the last
         # block as it is: operands of the step's full shape, which small arrays take
@@ -697,6 +758,9 @@ class LSTM(_Recurrent):
         f, g_act, h_act = self.f[d], self.g[d], self.h[d]
         fused = self.fused[d]
         bound = self._clip_bounds(p, d)
+        if (fused and extra is None and bound is None and masks is None and not self.input_forget
+                and self.act_names[d][2] == "tanh"):
+            return self._loop_default(xw, r_t, h, c, Y, order.step > 0)
         Bn = h.shape[0]
         dt = h.dtype
         gates = np.empty((Bn, 4 * H), dt)
@@ -752,3 +816,32 @@ class LSTM(_Recurrent):
             h_act(c_new, tmp)
             h, c, c_new = _lstm_update(h, c, c_new, go, tmp, hn, None if masks is None else masks[t], Y[t])
         return (h, c)
+
+    def _loop_default(self, xw, r_t, h, c, Y, forward):
+        """:meth:`_loop` for the default activations without peepholes, clip,
+        ``input_forget`` or ragged batches: the same operations, without the
+        activation and update calls of the general loop, with operands of the step's
+        own shape and each step's views taken from one ``zip``."""
+        Bn, H = h.shape
+        dt = h.dtype
+        gates = np.empty((Bn, 4 * H), dt)
+        gi, go, gf, gc = (gates[:, k * H : (k + 1) * H] for k in range(4))
+        sig = gates[:, : 3 * H]
+        half = np.full((Bn, 3 * H), 0.5, dt)  # the sigmoid gates' 0.5 * tanh + 0.5
+        tmp = np.empty((Bn, H), dt)
+        c_new = np.empty((Bn, H), dt)
+        matmul, add, mul, tanh = np.matmul, np.add, np.multiply, np.tanh
+        for x, y in _steps_of(forward, xw, Y):
+            matmul(h, r_t, gates)
+            add(gates, x, gates)
+            tanh(gates, gates)
+            mul(sig, half, sig)
+            add(sig, half, sig)
+            # C_t = f * C_{t-1} + i * c
+            mul(gf, c, c_new)
+            mul(gc, gi, gc)
+            add(c_new, gc, c_new)
+            tanh(c_new, tmp)
+            h = mul(go, tmp, y)
+            c, c_new = c_new, c
+        return h, c
