@@ -169,7 +169,7 @@ class _ConvWeights:
     """
 
     __slots__ = ("shape", "group", "kernel", "gemm", "depthwise", "absmax", "_rows", "_biased", "_paired", "_taps",
-                 "_last")
+                 "_last", "_phased")
 
     def __init__(self, w: np.ndarray, group: int, dtype: np.dtype):
         if w.ndim < 3:
@@ -187,6 +187,7 @@ class _ConvWeights:
         self._paired = None
         self._taps = None
         self._last = None
+        self._phased = None
         wc = np.asarray(w, dtype=dtype)
         if group > 1 and w.shape[1] == 1 and m == group:
             self.depthwise = np.ascontiguousarray(wc.reshape(m, math.prod(w.shape[1:])))
@@ -245,6 +246,26 @@ class _ConvWeights:
         result = (w3, w3.shape[2])
         if keep:
             self._taps = (order, constant, result)
+        return result
+
+    def phased(self, order, bias=None, constant=None) -> tuple[np.ndarray, int]:
+        """The group-1 GEMM weight ``[M, C * taps]`` with each channel's taps in
+        ``order`` (a tuple), the row order of :func:`_conv_phases`'s gathered taps,
+        and with a ``bias`` ``[M, 1]`` as one more column (which multiplies a row of
+        ones); and its column count. Kept for the last order and ``constant`` (as
+        :meth:`depthwise_taps`)."""
+        keep = bias is None or constant is not None
+        cached = self._phased
+        if keep and cached is not None and cached[0] == order and cached[1] is constant:
+            return cached[2]
+        m, k = self.gemm.shape[1:]
+        taps = math.prod(self.kernel)
+        w = self.gemm[0].reshape(m, k // taps, taps)[:, :, list(order)].reshape(m, k)
+        if bias is not None:
+            w = np.concatenate([w, bias.reshape(m, 1).astype(w.dtype, copy=False)], axis=1)
+        result = (np.ascontiguousarray(w), w.shape[1])
+        if keep:
+            self._phased = (order, constant, result)
         return result
 
     def biased(self, bias: np.ndarray, constant=None) -> np.ndarray:
@@ -443,6 +464,17 @@ def _conv_forward(x, wp: _ConvWeights, strides, dilations, pb, pe, out_sp, bias=
             y += residual
         if activation is not None:
             activation(y)
+        return y
+
+    # A strided layer with few input channels (a network's first layers; batches of
+    # small maps took the channels-last path above): the taps gathered from the
+    # stride phases in runs (_conv_phases), where the banded im2col would read them
+    # value by value. With more output channels than taps the cropping copy of the
+    # output costs more than that saves (3 -> 64 channels of 224 x 224: 1191 -> 1354
+    # us), and larger products are split over the threads below
+    if g == 1 and m <= K and flops < parallel.PARALLEL_MIN_FLOPS and any(st > 1 for st in strides) \
+            and min(pb) >= 0 and min(pe) >= 0:
+        _conv_phases(x, wp, strides, dilations, pb, pe, out_sp, yv, pad_value, bcol, bias_key, finish)
         return y
 
     # "Same" rows (unit stride along the row, output as wide as the input): the
@@ -691,6 +723,69 @@ def _conv_rows(x, wp, strides, dilations, pb, pe, out_sp, y, pad_value):
     _rows_product(xp, wp.kernel, strides, out_sp, w_rows, pairs, jobs, threads, out,
                   lambda a, b, dst: np.matmul(a, b, out=dst), dilations[0])
     y.reshape(n, m, per)[...] = out.reshape(n, per, m).transpose(0, 2, 1)
+
+
+#: Elements of one band of :func:`_conv_phases`'s gathered taps.
+_PHASE_BAND_ELEMS = 1 << 17
+
+
+def _conv_phases(x, wp, strides, dilations, pb, pe, out_sp, yv, pad_value, bias, bias_key, finish):
+    """A strided group-1 convolution on the stride phases of its padded input, as
+    :func:`_depthwise` lays them out (:func:`_phase_geometry`, :func:`_tap_groups`):
+    every tap then reads contiguous runs, so a band of output rows gathers the taps
+    of all channels in one copy per phase, with runs as long as the band, and
+    multiplies them by the weight with its taps in the same order and the bias as one
+    more tap reading ones (:meth:`_ConvWeights.phased`) in one product on the phase's
+    row pitch, of which the band of the output keeps its own columns.
+
+    The banded im2col reads a strided tap value by value (its inner loop steps over
+    every other input value) and pads a copy of the input first; for the few input
+    channels of a network's first strided layers that is most of the time.
+    ``finish(out, image, group, cols=..., with_bias=False)`` adds the residual and
+    the activation to each band while it is in cache."""
+    n, c = x.shape[:2]
+    m = yv.shape[1]
+    q, pitch, copies = _phase_geometry(tuple(x.shape[2:]), tuple(wp.kernel), tuple(strides), tuple(dilations),
+                                       tuple(pb), tuple(pe), tuple(out_sp))
+    groups, order = _tap_groups(wp.kernel, strides, dilations, pitch)
+    nph = math.prod(strides)
+    plane = math.prod(q)
+    rows, p0 = out_sp[0], pitch[0]
+    inner = math.prod(out_sp[1:])
+    taps = math.prod(wp.kernel)
+    k = c * taps
+    w, kk = wp.phased(order, bias, bias_key)
+    band = max(1, min(rows, _PHASE_BAND_ELEMS // max(1, kk * p0)))
+    width = band * p0
+    phases = c * nph * plane
+    buf = _scratch(phases + kk * width + m * width, x.dtype)
+    qb = buf[:phases].reshape(c, nph, plane)
+    qb.fill(pad_value)  # the padding: the images overwrite the same parts of the phases
+    grid = qb.reshape(c, nph, *q)
+    cols = buf[phases : phases + kk * width].reshape(kk, width)
+    cols[k:] = 1  # the bias's row
+    taps3 = cols[:k].reshape(c, taps, width)
+    res = buf[phases + kk * width :].reshape(m, width)
+    fills = [(grid[(slice(None), ph) + dst], (slice(None),) + src) for ph, dst, src in copies]
+    kept = (slice(None), slice(None)) + tuple(slice(0, o) for o in out_sp[1:])
+    for i in range(n):
+        xi = x[i]
+        for dst, src in fills:
+            dst[...] = xi[src]
+        for r0 in range(0, rows, band):
+            r1 = min(rows, r0 + band)
+            length = (r1 - r0) * p0
+            t0 = 0
+            for ph, off, shape, steps in groups:
+                count = math.prod(shape)
+                view = _strided(buf, ph * plane + off + r0 * p0, (c, *shape, length), (nph * plane, *steps, 1))
+                np.copyto(taps3[:, t0 : t0 + count, :length].reshape(c, *shape, length), view)
+                t0 += count
+            part = res[:, :length]
+            np.matmul(w, cols[:, :length], out=part)
+            out = yv[i, :, r0 * inner : r1 * inner]
+            out.reshape(m, r1 - r0, *out_sp[1:])[...] = part.reshape(m, r1 - r0, *q[1:])[kept]
+            finish(out, i, 0, cols=slice(r0 * inner, r1 * inner), with_bias=False)
 
 
 #: Elements of a depthwise convolution's gathered taps per block of channels (1 MiB of
