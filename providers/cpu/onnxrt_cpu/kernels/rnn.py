@@ -629,40 +629,33 @@ class GRU(_Recurrent):
         matmul, add, sub, mul, tanh = np.matmul, np.add, np.subtract, np.multiply, np.tanh
         half = np.full((Bn, 2 * H), 0.5, dt)  # the sigmoid gates' 0.5 * tanh + 0.5
         tmp = np.empty((Bn, H), dt)
-        if self.lbr:
-            r_all = p["r_t"][d]
+        lbr = self.lbr
+        if lbr:
+            # one product for all three gates; Rbh inside r * (H @ Rh + Rbh)
+            first, r_first = np.empty((Bn, 3 * H), dt), p["r_t"][d]
+            zr, hh = first[:, : 2 * H], first[:, 2 * H :]
             rbh = np.broadcast_to(p["rbh"][d], (Bn, H)).copy()
-            g3 = np.empty((Bn, 3 * H), dt)
-            zr, z, r, hh = g3[:, : 2 * H], g3[:, :H], g3[:, H : 2 * H], g3[:, 2 * H :]
-            for x_zr, x_h, y in _steps_of(forward, xw[:, :, : 2 * H], xw[:, :, 2 * H :], Y):
-                matmul(h, r_all, g3)
-                add(zr, x_zr, zr)
-                tanh(zr, zr)
-                mul(zr, half, zr)
-                add(zr, half, zr)
-                add(hh, rbh, hh)
-                mul(hh, r, hh)
-                add(hh, x_h, hh)
-                tanh(hh, hh)
-                # H_t = h~ + z * (H_{t-1} - h~)
-                sub(h, hh, tmp)
-                mul(tmp, z, tmp)
-                h = add(hh, tmp, y)
-            return (h,)
-        r_zr, r_h = p["r_zr"][d], p["r_h"][d]
-        zr = np.empty((Bn, 2 * H), dt)
+        else:
+            # z and r first; the candidate's product reads r * H
+            first, r_first = np.empty((Bn, 2 * H), dt), p["r_zr"][d]
+            zr, hh = first, np.empty((Bn, H), dt)
+            r_h = p["r_h"][d]
         z, r = zr[:, :H], zr[:, H:]
-        hh = np.empty((Bn, H), dt)
         for x_zr, x_h, y in _steps_of(forward, xw[:, :, : 2 * H], xw[:, :, 2 * H :], Y):
-            matmul(h, r_zr, zr)
+            matmul(h, r_first, first)
             add(zr, x_zr, zr)
             tanh(zr, zr)
             mul(zr, half, zr)
             add(zr, half, zr)
-            mul(r, h, tmp)
-            matmul(tmp, r_h, hh)
+            if lbr:
+                add(hh, rbh, hh)
+                mul(hh, r, hh)
+            else:
+                mul(r, h, tmp)
+                matmul(tmp, r_h, hh)
             add(hh, x_h, hh)
             tanh(hh, hh)
+            # H_t = h~ + z * (H_{t-1} - h~)
             sub(h, hh, tmp)
             mul(tmp, z, tmp)
             h = add(hh, tmp, y)
