@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
+from onnx.reference import ReferenceEvaluator
 
 import onnxrt
 from onnxrt_cpu.kernels import conv
@@ -148,3 +149,18 @@ def test_more_output_channels_than_taps_keep_the_banded_im2col(phase_calls):
     got, want = _run_both(model, {"x": x})
     assert not phase_calls
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_float64_against_the_reference_evaluator(phase_calls):
+    # onnxruntime has no float64 Conv kernel on the CPU
+    rng = np.random.default_rng(9)
+    w = numpy_helper.from_array(rng.standard_normal((8, 3, 3, 3)), "w")
+    node = helper.make_node("Conv", ["x", "w"], ["y"], strides=[2, 2], pads=[1, 1, 1, 1])
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.DOUBLE, [1, 3, 33, 30])],
+                              [helper.make_tensor_value_info("y", TensorProto.DOUBLE, None)], [w])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
+    x = rng.standard_normal((1, 3, 33, 30))
+    got = onnxrt.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    want = ReferenceEvaluator(model).run(None, {"x": x})[0]
+    assert phase_calls == [(1, 3, 33, 30)] and got.dtype == np.float64
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
