@@ -14,6 +14,9 @@ packed into the GEMM layout once, when the node's kernel is built:
   channels-last copy instead, where a block of images' im2col rows is one strided
   copy and one ``[positions, K] @ [K, M]`` product, transposed back at the end: no
   per-tap Python loop, which for small images cost more than the product;
+* a strided group-1 Conv with no more output channels than taps (a network's first
+  layers) gathers its taps from the padded input's stride phases, every tap a
+  contiguous run, band by band, and crops the product's columns into the output;
 * a depthwise Conv gathers a block of channels' taps and runs one batched
   ``[1, taps] @ [taps, span]`` product per channel block; the taps are contiguous
   runs of the input on its own row pitch (stride 1, output rows as wide as the
