@@ -515,9 +515,11 @@ class GRU(_Recurrent):
             xb[:, 2 * H :] = Bw[:, 2 * H :]
             p["rbh"] = [np.ascontiguousarray(Br[d, 2 * H :]) for d in range(D)]
         p["xw_bias"] = xb.reshape(-1)
-        # split recurrent weights: [z r] and h blocks
-        p["r_zr"] = [blas_aligned(r[:, : 2 * H]) for r in p["r_t"]]
-        p["r_h"] = [blas_aligned(r[:, 2 * H :]) for r in p["r_t"]]
+        if not self.lbr:
+            # split recurrent weights: [z r] and h blocks (the h block multiplies
+            # r ⊙ H); linear_before_reset multiplies all three blocks by H at once
+            p["r_zr"] = [blas_aligned(r[:, : 2 * H]) for r in p["r_t"]]
+            p["r_h"] = [blas_aligned(r[:, 2 * H :]) for r in p["r_t"]]
 
     def _both_directions(self, p, extra) -> bool:
         default = tuple(self.DEFAULT_ACTS)
