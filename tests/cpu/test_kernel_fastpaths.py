@@ -186,13 +186,17 @@ def test_fused_conv_matches_onnxruntime(name, x_shape, k, group, threads, monkey
     np.testing.assert_allclose(sess.run(None, {"x": x})[0], want, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("hw", [(28, 28), (112, 112)], ids=["one-thread", "split"])
 @pytest.mark.parametrize("residual", [False, True])
-def test_expanding_1x1_conv_with_bias_in_the_product_matches_onnxruntime(residual):
+def test_expanding_1x1_conv_with_bias_in_the_product_matches_onnxruntime(residual, hw, monkeypatch):
     """A 1x1 convolution to more channels than it reads carries its bias as one more
-    input row of ones; the residual and activation still follow, and a bias fed at
-    run time (a new array each run) is the one used."""
+    input row of ones; the residual and activation still follow (on each thread's
+    part when the product is split), and a bias fed at run time (a new array each
+    run) is the one used."""
     rng = np.random.default_rng(3)
-    c, m, hw = 24, 144, (28, 28)
+    c, m = 24, 144
+    split = hw == (112, 112)
+    assert (c * m * hw[0] * hw[1] >= parallel.PARALLEL_MIN_FLOPS) == split
     w = (rng.standard_normal((m, c, 1, 1)) / np.sqrt(c)).astype(np.float32)
     nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"])]
     inputs = [
@@ -212,9 +216,19 @@ def test_expanding_1x1_conv_with_bias_in_the_product_matches_onnxruntime(residua
     ]
     model = make_model(nodes, inputs, [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
     model = model.SerializeToString()
-    sess = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = 2
+    sess = ort.InferenceSession(model, so, providers=["CPUExecutionProvider"])
     assert any(r["op_type"] == "FusedConv" for r in sess.get_provider_assignment())
     ref = rt.InferenceSession(model, providers=["CPUExecutionProvider"])
+    parts = []
+    original = parallel.parallel_for
+
+    def spy(count, fn, threads=None):
+        parts.append(count)
+        return original(count, fn, threads)
+
+    monkeypatch.setattr(parallel, "parallel_for", spy)
     for seed in (4, 5):
         r = np.random.default_rng(seed)
         feeds = {"x": (3 * r.standard_normal((1, c, *hw))).astype(np.float32),
@@ -225,6 +239,7 @@ def test_expanding_1x1_conv_with_bias_in_the_product_matches_onnxruntime(residua
         want, = ref.run(None, feeds)
         assert 0 < (got == 6).mean() < 0.5 and 0 < (got == 0).mean() < 0.9  # both bounds bite
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    assert bool(parts) == split  # the product was split exactly when it is large enough
 
 
 @pytest.mark.parametrize("x_shape,strides", [((1, 24, 30, 30), [1, 1]), ((1, 24, 41, 40), [2, 2])],
