@@ -27,7 +27,7 @@ quantization = pytest.importorskip("onnxruntime.quantization")
 import onnxrt
 from onnx import TensorProto, helper, numpy_helper
 
-from tests.ort_oracle import int8_weight_range, u8s8_pairs_saturate
+from tests.ort_oracle import u8s8_pairs_saturate
 
 DATA = Path(__file__).resolve().parent.parent / "models" / "data"
 MODELS = {
