@@ -231,6 +231,15 @@ def test_matmul_integer_signed_extremes_with_zero_points():
     np.testing.assert_array_equal(got, exp)
 
 
+def _exact_conv(x, w, pad):
+    """The convolution of integer ``x`` ``[N, C, H, W]`` and ``w`` ``[M, C, k, k]``
+    (stride 1, ``pad`` on every side) in int64: the exact accumulator."""
+    k = w.shape[-1]
+    windows = np.lib.stride_tricks.sliding_window_view(
+        np.pad(x.astype(np.int64), ((0, 0), (0, 0), (pad, pad), (pad, pad))), (k, k), axis=(2, 3))
+    return np.einsum("ncyxij,mcij->nmyx", windows, w.astype(np.int64))
+
+
 def test_qlinear_conv_is_exact_at_the_extremes():
     # 64 channels x 5x5 taps x 255 x 255 > 2**24: the accumulator needs exact sums
     x = np.full((1, 64, 8, 8), 255, np.uint8)
@@ -266,9 +275,7 @@ def test_qlinear_conv_is_exact_at_the_extremes():
         model.SerializeToString(), providers=["CPUExecutionProvider"]
     ).run(None, {"x": x})[0]
     # the exact int32 accumulator in numpy, then onnxruntime's float32 requantization
-    windows = np.lib.stride_tricks.sliding_window_view(np.pad(x.astype(np.int64), ((0, 0), (0, 0), (2, 2), (2, 2))),
-                                                       (5, 5), axis=(2, 3))  # [1, 64, 8, 8, 5, 5]
-    acc = np.einsum("ncyxij,mcij->nmyx", windows, w.astype(np.int64))
+    acc = _exact_conv(x, w, 2)
     want = np.clip(np.rint(acc.astype(np.int32).astype(np.float32) * np.float32(2.0**-20)) + 128, 0, 255)
     np.testing.assert_array_equal(got, want.astype(np.uint8))
     assert len(np.unique(got)) > 3  # neither all saturated nor constant
@@ -376,10 +383,7 @@ def test_qlinear_conv_bias_in_the_product_up_to_the_exact_bound(kernel, fits, mo
 
     def exact(xb):
         """The int32 accumulator in integers, requantized in float32 as onnxruntime does."""
-        p = kernel // 2
-        windows = np.lib.stride_tricks.sliding_window_view(
-            np.pad(xb.astype(np.int64), ((0, 0), (0, 0), (p, p), (p, p))), (kernel, kernel), axis=(2, 3))
-        acc = np.einsum("ncyxij,mcij->nmyx", windows, w.astype(np.int64)) + b.astype(np.int64)[:, None, None]
+        acc = _exact_conv(xb, w, kernel // 2) + b.astype(np.int64)[:, None, None]
         return np.clip(np.rint(acc.astype(np.float32) * mult) + 128, 0, 255).astype(np.uint8)
 
     for xb in (x, rng.integers(0, 256, x.shape).astype(np.uint8)):

@@ -225,66 +225,66 @@ class _ConvWeights:
             self._last = np.ascontiguousarray(self.depthwise.T.reshape(*self.kernel, c))
         return self._last
 
+    def _kept(self, slot: str, key, bias, constant, build):
+        """``build()``, kept in ``slot`` for ``key`` and ``constant``, the node's
+        constant bias array (``bias`` is a new view of it on every call); a bias fed at
+        run time (``constant`` None) may hold new values in the same memory, so a
+        weight with a ``bias`` folded in is built afresh every call."""
+        keep = bias is None or constant is not None
+        cached = getattr(self, slot)
+        if keep and cached is not None and cached[0] == key and cached[1] is constant:
+            return cached[2]
+        result = build()
+        if keep:
+            setattr(self, slot, (key, constant, result))
+        return result
+
     def depthwise_taps(self, order, bias, constant=None):
         """The depthwise weight as ``[C, 1, taps]`` with its taps in ``order`` (a tuple,
         or None for kernel order), and the rows of gathered taps it multiplies: with a
         ``bias`` ``[C, 1]``, the bias as one more tap, which reads a row of ones, so the
         product carries it (one more row in a product that is in cache, where adding
         it afterwards is a pass over the whole output: 144 x 56 x 56, 112 us).
+        Kept for the last order and ``constant`` (:meth:`_kept`)."""
 
-        Kept for the last order and ``constant``, the node's constant bias array
-        (``bias`` is a new view of it on every call); a bias fed at run time
-        (``constant`` None) may hold new values in the same memory, so it is folded
-        in afresh every call."""
-        keep = bias is None or constant is not None
-        cached = self._taps
-        if keep and cached is not None and cached[0] == order and cached[1] is constant:
-            return cached[2]
-        c, taps = self.depthwise.shape
-        w3 = self.depthwise.reshape(c, 1, taps)
-        if order is not None:
-            w3 = w3[:, :, list(order)]
-        if bias is not None:
-            w3 = np.concatenate([w3, bias.reshape(-1, 1, 1).astype(w3.dtype, copy=False)], axis=2)
-        result = (w3, w3.shape[2])
-        if keep:
-            self._taps = (order, constant, result)
-        return result
+        def build():
+            c, taps = self.depthwise.shape
+            w3 = self.depthwise.reshape(c, 1, taps)
+            if order is not None:
+                w3 = w3[:, :, list(order)]
+            if bias is not None:
+                w3 = np.concatenate([w3, bias.reshape(-1, 1, 1).astype(w3.dtype, copy=False)], axis=2)
+            return w3, w3.shape[2]
+
+        return self._kept("_taps", order, bias, constant, build)
 
     def phased(self, order, bias=None, constant=None) -> tuple[np.ndarray, int]:
         """The group-1 GEMM weight ``[M, C * taps]`` with each channel's taps in
         ``order`` (a tuple), the row order of :func:`_conv_phases`'s gathered taps,
         and with a ``bias`` ``[M, 1]`` as one more column (which multiplies a row of
-        ones); and its column count. Kept for the last order and ``constant`` (as
-        :meth:`depthwise_taps`)."""
-        keep = bias is None or constant is not None
-        cached = self._phased
-        if keep and cached is not None and cached[0] == order and cached[1] is constant:
-            return cached[2]
-        m, k = self.gemm.shape[1:]
-        taps = math.prod(self.kernel)
-        w = self.gemm[0].reshape(m, k // taps, taps)[:, :, list(order)].reshape(m, k)
-        if bias is not None:
-            w = np.concatenate([w, bias.reshape(m, 1).astype(w.dtype, copy=False)], axis=1)
-        result = (np.ascontiguousarray(w), w.shape[1])
-        if keep:
-            self._phased = (order, constant, result)
-        return result
+        ones); and its column count. Kept for the last order and ``constant``
+        (:meth:`_kept`)."""
+
+        def build():
+            m, k = self.gemm.shape[1:]
+            taps = math.prod(self.kernel)
+            w = self.gemm[0].reshape(m, k // taps, taps)[:, :, list(order)].reshape(m, k)
+            if bias is not None:
+                w = np.concatenate([w, bias.reshape(m, 1).astype(w.dtype, copy=False)], axis=1)
+            return np.ascontiguousarray(w), w.shape[1]
+
+        return self._kept("_phased", order, bias, constant, build)
 
     def biased(self, bias: np.ndarray, constant=None) -> np.ndarray:
         """The group-1 GEMM weight ``[M, K + 1]`` with ``bias`` (``[M]``) as its last
         column: times an input with a row of ones appended, the product carries the
-        bias. Kept for ``constant``, the node's constant bias (``bias`` itself, as the
-        caller passes it); a bias fed at run time may hold new values in the same
-        array, so it is folded in afresh every call."""
-        cached = self._biased
-        if constant is not None and cached is not None and cached[0] is constant:
-            return cached[1]
-        col = bias.astype(self.gemm.dtype, copy=False).reshape(-1, 1)
-        weight = np.concatenate([self.gemm[0], col], axis=1)
-        if constant is not None:
-            self._biased = (constant, weight)
-        return weight
+        bias. Kept for ``constant``, the node's constant bias (:meth:`_kept`)."""
+
+        def build():
+            col = bias.astype(self.gemm.dtype, copy=False).reshape(-1, 1)
+            return np.concatenate([self.gemm[0], col], axis=1)
+
+        return self._kept("_biased", None, bias, constant, build)
 
 
 def _runs_view(base: np.ndarray, run: int, shape, strides, offset: int = 0) -> np.ndarray:
@@ -403,11 +403,12 @@ def _conv_forward(x, wp: _ConvWeights, strides, dilations, pb, pe, out_sp, bias=
         if activation is not None:
             activation(out)
 
-    def epilogue_for(i, gi):
-        """:func:`finish` for each part of a split product, or None if there is nothing to do."""
-        if bcol is None and zv is None and activation is None:
+    def epilogue_for(i, gi, with_bias=True):
+        """:func:`finish` for each part of a split product, or None if there is nothing
+        to do (``with_bias`` false: the product carried the bias)."""
+        if (bcol is None or not with_bias) and zv is None and activation is None:
             return None
-        return lambda part, rows, cols: finish(part, i, gi, rows, cols)
+        return lambda part, rows, cols: finish(part, i, gi, rows, cols, with_bias)
 
     if unit:
         xv = x.reshape(n, c, L)
@@ -424,12 +425,7 @@ def _conv_forward(x, wp: _ConvWeights, strides, dilations, pb, pe, out_sp, bias=
             xb = _scratch((c + 1) * L, x.dtype).reshape(c + 1, L)
             xb[:c] = xv[0]
             xb[c] = 1
-
-            def rest(part, rows, cols):
-                finish(part, 0, 0, rows, cols, with_bias=False)
-
-            parallel.matmul(wp.biased(bias, bias_key), xb, out=yv[0],
-                            epilogue=None if zv is None and activation is None else rest)
+            parallel.matmul(wp.biased(bias, bias_key), xb, out=yv[0], epilogue=epilogue_for(0, 0, with_bias=False))
             return y
         if n * g == 1:
             parallel.matmul(wp.gemm[0], xv[0], out=yv[0], epilogue=epilogue_for(0, 0))
