@@ -136,6 +136,29 @@ def pad_spatial(x: np.ndarray, pb, pe, value=0) -> np.ndarray:
     return out
 
 
+def _column_phases(x: np.ndarray, pb, pe, s: int, value=0) -> np.ndarray:
+    """The 2-D ``x`` ``[N, C, H, W]`` padded and split along its rows into ``s``
+    column phases: ``[N, C, Hp, s, ceil(Wp / s)]`` holding padded column ``s * j +
+    b`` at ``[..., b, j]`` (a phase's last place is left unset where ``s`` does not
+    divide the padded width ``Wp``: no tap of a valid output reads it)."""
+    n, c, h, w = x.shape
+    hp, wp = h + pb[0] + pe[0], w + pb[1] + pe[1]
+    out = np.empty((n, c, hp, s, -(-wp // s)), dtype=x.dtype)
+    out[:, :, : pb[0]] = value
+    out[:, :, hp - pe[0] :] = value
+    inner = out[:, :, pb[0] : pb[0] + h]
+    for b in range(s):
+        # padded column s * j + b holds input column s * j + b - pb[1]
+        first = (b - pb[1]) % s  # the first input column in phase b
+        j0 = (first + pb[1]) // s
+        count = len(range(first, w, s))
+        j1 = len(range(b, wp, s))
+        inner[:, :, :, b, j0 : j0 + count] = x[..., first::s]
+        inner[:, :, :, b, :j0] = value
+        inner[:, :, :, b, j0 + count : j1] = value
+    return out
+
+
 def tap_slices(kernel, strides, dilations, out_sp, offset=None):
     """Yield ``(tap, slices)``: for each kernel tap, the strided slices of the padded
     input (trailing axes) that the tap reads for every output position."""
@@ -338,6 +361,11 @@ _tls = threading.local()
 _BAND_ELEMS = 1 << 19
 _BAND_MIN_COLS = 128
 
+#: Whether the banded im2col of a layer with stride 2 along the rows gathers from the
+#: input's column phases (:func:`_column_phases`); off, every tap reads every second
+#: value of a row. The gathered columns are the same either way.
+_COLUMN_PHASES = True
+
 
 def _conv_forward(x, wp: _ConvWeights, strides, dilations, pb, pe, out_sp, bias=None, pad_value=0,
                   residual=None, activation=None, constant_bias=False):
@@ -493,6 +521,18 @@ def _conv_forward(x, wp: _ConvWeights, strides, dilations, pb, pe, out_sp, bias=
     # Against the padded grid: one contiguous copy of the input, not one per row,
     # and one long run per tap and band, not one per output row
     pitch = nd == 2 and strides[1] == 1 and out_sp[1] == x.shape[3] and min(pb) >= 0 and min(pe) >= 0
+    # A stride along the row: each tap would read every s-th value of a row, one
+    # value per step of numpy's copy loop. The padded input split into its column
+    # phases first (x[..., b::s] for each b, one pass), every tap's row is one
+    # contiguous run of a phase, and the taps of one phase are one strided view (a
+    # 7x7 stride-2 stem of 3 channels at 224x224, one thread: 1000 -> 310 us with
+    # the split; single nodes on two threads, alternating: that stem 3221 -> 3027 us,
+    # 3x3 stride-2 layers 0.91-0.96 of the time). Only where the taps outnumber the
+    # phases (a 1x1 stride-2 shortcut reads a quarter of the input, which the split
+    # would copy whole first) and for stride 2: each phase is one more copy call a
+    # band, and AlexNet's 11x11 stride-4 stem took 1.05x the time in four
+    cphase = (_COLUMN_PHASES and not pitch and nd == 2 and strides[1] == 2 and dilations[1] == 1
+              and min(pb) >= 0 and min(pe) >= 0 and math.prod(kernel) > math.prod(strides) and out_sp[1] > 0)
     if pitch:
         h, wd = x.shape[2:]
         head, per, edges = _row_pitch(h, wd, tuple(pb), tuple(pe), kernel[1], dilations[1])
@@ -500,6 +540,8 @@ def _conv_forward(x, wp: _ConvWeights, strides, dilations, pb, pe, out_sp, bias=
         _pad_margins(xq, head, head + h * wd, pad_value)
         xq[..., head : head + h * wd] = x.reshape(n, c, h * wd)
         xq_flat = xq.reshape(-1)
+    elif cphase:
+        xph = _column_phases(x, pb, pe, strides[1], pad_value)
     else:
         xp = pad_spatial(x, pb, pe, pad_value)
     rows = out_sp[0]
@@ -518,7 +560,13 @@ def _conv_forward(x, wp: _ConvWeights, strides, dilations, pb, pe, out_sp, bias=
     # every tap's strided slice at once: a view [cg, *kernel, *out] of the padded input
     # (one copy per band, in C, instead of one per tap: the pool threads need the GIL
     # for each numpy call, and hand it over at a cost)
-    if not pitch:
+    if cphase:
+        qs = xph.strides  # images, channels, rows, phases, columns
+        sw = strides[1]
+        # per phase b, the taps dx = b, b + s, ...: one view of the phase whose
+        # elements are output rows (runs of OW values), and the matching columns
+        phase_taps = [(b, len(range(b, kernel[1], sw))) for b in range(min(sw, kernel[1]))]
+    elif not pitch:
         sx = xp.strides
         view_strides = (sx[1], *(sx[2 + a] * dilations[a] for a in range(nd)),
                         *(sx[2 + a] * strides[a] for a in range(nd)))
@@ -527,7 +575,7 @@ def _conv_forward(x, wp: _ConvWeights, strides, dilations, pb, pe, out_sp, bias=
     # run of the padded input, copied as one element (:func:`_runs_view`): 512
     # channels of 7x7 with a 3x3 kernel 172 -> 110 us, 256 of 14x14 191 -> 144 us, 64
     # of 56x56 within the spread
-    runs = not pitch and nd >= 2 and strides[-1] == 1 and xp.flags.c_contiguous and out_sp[-1] > 0
+    runs = not pitch and not cphase and nd >= 2 and strides[-1] == 1 and xp.flags.c_contiguous and out_sp[-1] > 0
 
     def gather(i, gi, r0, r1, cols):
         if pitch:
@@ -543,6 +591,14 @@ def _conv_forward(x, wp: _ConvWeights, strides, dilations, pb, pe, out_sp, bias=
                 np.copyto(cols, src)
             for tx, col in edges:
                 cols[:, :, tx, :, col] = pad_value
+            return
+        if cphase:
+            runs_of = _as_runs(cols, out_sp[1], (cg, kernel[0], kernel[1], r1 - r0))
+            start = i * qs[0] + gi * cg * qs[1] + s0 * r0 * qs[2]
+            for b, count in phase_taps:
+                src = _runs_view(xph, out_sp[1], (cg, kernel[0], count, r1 - r0),
+                                 (qs[1], qs[2] * dilations[0], qs[4], qs[2] * s0), start + b * qs[3])
+                np.copyto(runs_of[:, :, b::sw], src)
             return
         if runs:
             shape = (cg, *kernel, r1 - r0, *out_sp[1:-1])
