@@ -83,6 +83,26 @@ def test_equal_to_the_strided_gather_and_to_onnxruntime(split_calls, monkeypatch
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
+def test_few_output_channels_take_the_column_phases_too(split_calls, monkeypatch):
+    # a detector's stem, fewer output channels than taps: the banded im2col on the
+    # column phases, not the stride phases with their cropping copy
+    phase_path = []
+    real = conv._conv_phases
+    monkeypatch.setattr(conv, "_conv_phases", lambda *a, **k: phase_path.append(1) or real(*a, **k))
+    model = _model((1, 3, 40, 38), (8, 3, 3, 3), strides=(2, 2), pads=(1, 1, 1, 1), relu=True)
+    x = np.random.default_rng(4).standard_normal((1, 3, 40, 38)).astype(np.float32)
+    got = _run(model, x)
+    assert split_calls and not phase_path
+    want = rt.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    # stride 3 along the row keeps the stride phases
+    model = _model((1, 3, 40, 38), (8, 3, 3, 3), strides=(3, 3), pads=(1, 1, 1, 1))
+    got = _run(model, x)
+    assert phase_path and len(split_calls) == 1
+    want = rt.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
 def test_bands_of_a_batch_and_both_threads(split_calls, monkeypatch):
     # bands of a few output rows each (every band's taps start at its own rows of the
     # phases), two images, and the bands shared by two threads

@@ -59,8 +59,12 @@ def _run_both(model, feeds):
 def phase_calls(monkeypatch):
     """The images each call of the phase path convolved (so a test knows it ran).
     Batches of small maps take the channels-last path (``_conv_rows``) first; its
-    budget set to nothing, they take the phases too."""
+    budget set to nothing, they take the phases too. Layers with stride 2 along the
+    row take the banded im2col on their column phases (``conv._column_phases``,
+    tests/cpu/test_conv_column_phases.py); with those off, they take the phase path
+    as every other stride does."""
     monkeypatch.setattr(conv, "_BAND_ELEMS", 0)
+    monkeypatch.setattr(conv, "_COLUMN_PHASES", False)
     calls = []
     real = conv._conv_phases
 

@@ -502,13 +502,29 @@ def _conv_forward(x, wp: _ConvWeights, strides, dilations, pb, pe, out_sp, bias=
             activation(y)
         return y
 
-    # A strided layer with few input channels (a network's first layers; batches of
-    # small maps took the channels-last path above): the taps gathered from the
-    # stride phases in runs (_conv_phases), where the banded im2col would read them
-    # value by value. With more output channels than taps the cropping copy of the
-    # output costs more than that saves (3 -> 64 channels of 224 x 224: 1191 -> 1354
-    # us), and larger products are split over the threads below
-    if g == 1 and m <= K and flops < parallel.PARALLEL_MIN_FLOPS and any(st > 1 for st in strides) \
+    # A stride of 2 along the row: each tap would read every second value of a row,
+    # one value per step of numpy's copy loop. The padded input split into its two
+    # column phases first (x[..., b::2], one pass), every tap's row is one
+    # contiguous run of a phase, and the taps of one phase are one strided view (a
+    # 7x7 stride-2 stem of 3 channels at 224x224, one thread: 1000 -> 310 us with
+    # the split; single nodes on two threads, alternating: that stem 3221 -> 3027 us,
+    # 3x3 stride-2 layers 0.91-0.96 of the time). Only where the taps outnumber the
+    # phases (a 1x1 stride-2 shortcut reads a quarter of the input, which the split
+    # would copy whole first) and for stride 2: each phase is one more copy call a
+    # band, and AlexNet's 11x11 stride-4 stem took 1.05x the time in four
+    cphase = (_COLUMN_PHASES and nd == 2 and strides[1] == 2 and dilations[1] == 1 and min(pb) >= 0
+              and min(pe) >= 0 and math.prod(kernel) > math.prod(strides) and out_sp[1] > 0)
+
+    # Other strided layers with few input channels (a network's first layers;
+    # batches of small maps took the channels-last path above): the taps gathered
+    # from the stride phases in runs (_conv_phases), where the banded im2col would
+    # read them value by value. With more output channels than taps the cropping
+    # copy of the output costs more than that saves (3 -> 64 channels of 224 x 224:
+    # 1191 -> 1354 us), and larger products are split over the threads below. Where
+    # the column phases apply, the banded im2col on them is faster still (the
+    # detector's 3 -> 8 stem at 320 x 320 1173 -> 995 us, 8 -> 16 at 160 x 160 632 ->
+    # 541; the whole detector 0.97 of the time)
+    if not cphase and g == 1 and m <= K and flops < parallel.PARALLEL_MIN_FLOPS and any(st > 1 for st in strides) \
             and min(pb) >= 0 and min(pe) >= 0:
         _conv_phases(x, wp, strides, dilations, pb, pe, out_sp, yv, pad_value, bcol, bias_key, finish)
         return y
@@ -521,18 +537,6 @@ def _conv_forward(x, wp: _ConvWeights, strides, dilations, pb, pe, out_sp, bias=
     # Against the padded grid: one contiguous copy of the input, not one per row,
     # and one long run per tap and band, not one per output row
     pitch = nd == 2 and strides[1] == 1 and out_sp[1] == x.shape[3] and min(pb) >= 0 and min(pe) >= 0
-    # A stride along the row: each tap would read every s-th value of a row, one
-    # value per step of numpy's copy loop. The padded input split into its column
-    # phases first (x[..., b::s] for each b, one pass), every tap's row is one
-    # contiguous run of a phase, and the taps of one phase are one strided view (a
-    # 7x7 stride-2 stem of 3 channels at 224x224, one thread: 1000 -> 310 us with
-    # the split; single nodes on two threads, alternating: that stem 3221 -> 3027 us,
-    # 3x3 stride-2 layers 0.91-0.96 of the time). Only where the taps outnumber the
-    # phases (a 1x1 stride-2 shortcut reads a quarter of the input, which the split
-    # would copy whole first) and for stride 2: each phase is one more copy call a
-    # band, and AlexNet's 11x11 stride-4 stem took 1.05x the time in four
-    cphase = (_COLUMN_PHASES and not pitch and nd == 2 and strides[1] == 2 and dilations[1] == 1
-              and min(pb) >= 0 and min(pe) >= 0 and math.prod(kernel) > math.prod(strides) and out_sp[1] > 0)
     if pitch:
         h, wd = x.shape[2:]
         head, per, edges = _row_pitch(h, wd, tuple(pb), tuple(pe), kernel[1], dilations[1])
