@@ -811,7 +811,7 @@ def _conv_phases(x, wp, strides, dilations, pb, pe, out_sp, yv, pad_value, bias,
     input channels of a network's first strided layers that is most of the time.
     Layers with stride 2 along the row run the banded im2col on their column phases
     instead (:func:`_column_phases`), which is faster still; this path keeps the
-    other strides, dilated rows and 1-D and 3-D maps.
+    other strides, dilations along the row and 1-D and 3-D maps.
     ``finish(out, image, group, cols=..., with_bias=False)`` adds the residual and
     the activation to each band while it is in cache."""
     n, c = x.shape[:2]
