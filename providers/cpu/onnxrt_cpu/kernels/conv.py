@@ -139,8 +139,8 @@ def pad_spatial(x: np.ndarray, pb, pe, value=0) -> np.ndarray:
 def _column_phases(x: np.ndarray, pb, pe, s: int, value=0) -> np.ndarray:
     """The 2-D ``x`` ``[N, C, H, W]`` padded and split along its rows into ``s``
     column phases: ``[N, C, Hp, s, ceil(Wp / s)]`` holding padded column ``s * j +
-    b`` at ``[..., b, j]`` (a phase's last place is left unset where ``s`` does not
-    divide the padded width ``Wp``: no tap of a valid output reads it)."""
+    b`` at ``[..., b, j]`` (where ``s`` does not divide the padded width ``Wp``, a
+    phase's last place holds the padding value too)."""
     n, c, h, w = x.shape
     hp, wp = h + pb[0] + pe[0], w + pb[1] + pe[1]
     out = np.empty((n, c, hp, s, -(-wp // s)), dtype=x.dtype)
@@ -152,10 +152,8 @@ def _column_phases(x: np.ndarray, pb, pe, s: int, value=0) -> np.ndarray:
         first = (b - pb[1]) % s  # the first input column in phase b
         j0 = (first + pb[1]) // s
         count = len(range(first, w, s))
-        j1 = len(range(b, wp, s))
         inner[:, :, :, b, j0 : j0 + count] = x[..., first::s]
-        inner[:, :, :, b, :j0] = value
-        inner[:, :, :, b, j0 + count : j1] = value
+        _pad_margins(inner[:, :, :, b], j0, j0 + count, value)
     return out
 
 
