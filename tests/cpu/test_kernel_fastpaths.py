@@ -994,7 +994,7 @@ def test_pooling_stride2_pairs_match_every_window(monkeypatch):
     from onnxrt_cpu.kernels import pool
 
     rng = np.random.default_rng(5)
-    calls = _count_results(monkeypatch, pool, "_reduce_last_pairs")
+    calls = _count_results(monkeypatch, pool, "_reduce_pairs")
     for i in range(200):
         nd = 1 + i % 2
         k, s, d, pb, pe, sp, out_sp = _stride2_geometry(rng, i, nd, (3, 6), (2, 14), (1, 9))
@@ -1013,6 +1013,54 @@ def test_pooling_stride2_pairs_match_every_window(monkeypatch):
     assert calls["results"] > 50
 
 
+def test_pooling_stride2_rows_split_into_even_and_odd_rows(monkeypatch):
+    """A stride-2 axis before the last (the rows of a 3x3 stride-2 MaxPool) splits
+    whole rows (or planes) into even and odd halves: random windows of three to five
+    taps, dilations, pads up to the whole window, even and odd lengths, 2-D and 3-D
+    maps, five dtypes, give what reducing every window gives (maxima bit for bit,
+    sums to rounding); and the row split did run on an axis before the last."""
+    from onnxrt_cpu.kernels import pool
+
+    rng = np.random.default_rng(31)
+    axes = []
+    real = pool._reduce_pairs
+
+    def spy(y, ax, *rest):
+        r = real(y, ax, *rest)
+        if r is not None and ax < y.ndim - 1:
+            axes.append(ax)
+        return r
+
+    monkeypatch.setattr(pool, "_reduce_pairs", spy)
+    cases = 0
+    for i in range(160):
+        nd = 2 + i % 2
+        k = [int(rng.integers(3, 6)) for _ in range(nd)]
+        s = [2] + [int(v) for v in rng.integers(1, 3, nd - 1)]
+        d = [int(v) for v in rng.integers(1, 3, nd)] if i % 4 == 0 else [1] * nd
+        pb = [int(rng.integers(0, k[j] + 1)) for j in range(nd)]
+        pe = [int(rng.integers(0, k[j] + 1)) for j in range(nd)]
+        sp = [2 * int(rng.integers(2, 9)) + (i % 7 == 5)] + [int(v) for v in rng.integers(2, 11, nd - 1)]
+        out_sp = [(sp[j] + pb[j] + pe[j] - (k[j] - 1) * d[j] - 1) // s[j] + 1 for j in range(nd)]
+        if min(out_sp) < 1:
+            continue
+        dtype = (np.float32, np.uint8, np.float16, np.float64, np.int32)[i % 5]
+        shape = [1 + i % 2, 1 + i % 4] + sp
+        if np.dtype(dtype).kind in "iu":
+            x = rng.integers(0, 200, shape).astype(dtype)
+        else:
+            x = rng.standard_normal(shape).astype(dtype)
+        # sums in float32 and float64 only: AveragePool sums float16 in float32, and up
+        # to 125 taps summed in float16 in two orders differ by several steps
+        ufunc = np.add if i % 3 == 0 and dtype in (np.float32, np.float64) else np.maximum
+        fill = 0 if ufunc is np.add else (-np.inf if np.dtype(dtype).kind == "f" else np.iinfo(dtype).min)
+        got = pool._reduce_taps(x, k, s, d, pb, out_sp, ufunc, fill)
+        want = _windows_reference(x, k, s, d, pb, out_sp, ufunc, fill)
+        _assert_pooled(got, want, ufunc, dtype, (i, k, s, d, pb, pe, sp))
+        cases += 1
+    assert cases > 100 and len(axes) > 40 and set(axes) == {2, 3}  # 57 of 146 with this seed
+
+
 def test_pooling_stride2_pixels_of_channels_last_maps(monkeypatch):
     """On an NCHW view of channels-last memory (what integer convolutions return), a
     stride-2 last axis splits whole pixels into even and odd halves: random windows,
@@ -1023,7 +1071,7 @@ def test_pooling_stride2_pixels_of_channels_last_maps(monkeypatch):
     from onnxrt_cpu.kernels import pool
 
     rng = np.random.default_rng(23)
-    calls = _count_results(monkeypatch, pool, "_reduce_last_pairs")
+    calls = _count_results(monkeypatch, pool, "_reduce_pairs")
     halves = []
     real_halves = pool._pixel_halves
     monkeypatch.setattr(pool, "_pixel_halves", lambda rows, inner: halves.append(inner) or real_halves(rows, inner))
