@@ -237,9 +237,10 @@ def _pixel_halves(rows: np.ndarray, inner: int) -> tuple[np.ndarray, np.ndarray]
     flat contiguous arrays of ``outer * n / 2 * inner`` values.
 
     One value per position splits through :func:`deinterleave`'s narrowing casts; a
-    position of several values (a pixel of a channels-last map) is taken as one
-    ``inner``-value wide element, so that each half is one strided copy whose inner
-    loop runs along the whole row, instead of one short loop per pixel."""
+    position of several values (a pixel of a channels-last map, or a whole row of a
+    map) is taken as one ``inner``-value wide element, so that each half is one
+    strided copy whose inner loop runs along all the rows, instead of one short loop
+    per pixel or row."""
     if inner == 1:
         return deinterleave(rows.reshape(-1))
     px = rows.view(np.dtype((np.void, inner * rows.itemsize)))  # [outer, n]
@@ -308,7 +309,7 @@ def _reduce_pairs(y, ax, k, d, pb, o, ufunc, fill):
         # before the last axis, contiguous again (one copy of runs of o * inner
         # values) so that the next axis can take its flat or paired path
         out = out[:, :o] if last else np.ascontiguousarray(out[:, :o])
-    if not last or inner == 1 or y.flags.c_contiguous:
+    if y.flags.c_contiguous:
         return out.reshape(y.shape[:ax] + (o,) + y.shape[ax + 1 :])
     # back to an NCHW view of the channels-last result
     res = out.reshape(base.shape[:-2] + (o, inner))
