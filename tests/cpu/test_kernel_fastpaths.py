@@ -849,7 +849,15 @@ def _pool_cases():
     return cases
 
 
-POOLS = _pool_cases()
+POOLS = _pool_cases() + [
+    # the stride-2 3x3 windows of the benchmark's CNNs (fewer channels), which split
+    # both their rows and their columns into even and odd halves
+    ("resnet-stem", [1, 8, 112, 112], dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])),
+    ("inception-end-pads", [1, 16, 56, 56], dict(kernel_shape=[3, 3], strides=[2, 2], pads=[0, 0, 1, 1])),
+    ("inception-small", [1, 24, 14, 14], dict(kernel_shape=[3, 3], strides=[2, 2], pads=[0, 0, 1, 1])),
+    ("no-pads", [2, 4, 28, 28], dict(kernel_shape=[3, 3], strides=[2, 2])),
+    ("ceil", [1, 6, 28, 28], dict(kernel_shape=[3, 3], strides=[2, 2], ceil_mode=1)),
+]
 
 
 @pytest.mark.parametrize("op_type", ["MaxPool", "AveragePool", "AveragePool-include-pad"])
