@@ -1220,6 +1220,27 @@ def test_dynamic_quantize_lstm_checked_steps_equal_the_unchecked_ones(monkeypatc
         np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.parametrize("direction", ["forward", "bidirectional"])
+def test_dynamic_quantize_lstm_bias_fed_or_constant(direction):
+    # a constant B is folded into the gates' order and signs once, at session
+    # creation; fed at run time it is folded on each run: the same values bit for bit
+    inputs = _dq_lstm_inputs(direction, True, s=5, b=6, h=8, states=True, rng=np.random.default_rng(6))
+    names = [n if v is not None else "" for n, v in inputs.items()]
+    node = helper.make_node("DynamicQuantizeLSTM", names, ["y", "yh", "yc"], domain=MS, hidden_size=8,
+                            direction=direction)
+    so = onnxrt.SessionOptions()
+    so.intra_op_num_threads = 2
+    outs = []
+    for fed in (("x", "h0", "c0"), ("x", "b", "h0", "c0")):
+        feeds = {k: inputs[k] for k in fed}
+        inits = {k: v for k, v in inputs.items() if v is not None and k not in feeds}
+        model = _model(node, feeds, [np.float32] * 3, inits).SerializeToString()
+        outs.append(onnxrt.InferenceSession(model, so, providers=["CPUExecutionProvider"]).run(None, feeds))
+    assert outs[0][0].any()
+    for a, b in zip(*outs):
+        np.testing.assert_array_equal(a, b)
+
+
 def test_bert_optimized_then_dynamically_quantized(tmp_path):
     # onnxruntime's BERT recipe: optimize_model, then quantize_dynamic, which writes
     # QAttention and QEmbedLayerNormalization

@@ -102,6 +102,17 @@ class _Prepared:
         self.r_scale = np.ascontiguousarray(r_scale)
         #: one scale per direction: the step scales rows, not columns
         self.r_scale_per_direction = bool((r_scale == r_scale[:, :1]).all())
+        #: whether one float32 product per step is exact for every direction (a
+        #: centred uint8 state is at most 255 in magnitude)
+        self.exact = all(_single_f32(255.0, m, l1, r.shape[1]) for m, l1 in zip(self.r_max, self.r_l1))
+
+    def bias(self, b: np.ndarray) -> np.ndarray:
+        """ONNX's ``B`` ``[D, 8H]`` (W's and R's biases) as the emulation adds it:
+        the two summed in float32, in the gate order, the sigmoid gates' negated,
+        shaped ``[D, 1, 4H]``."""
+        dirs, h4 = self.r_neg.shape[0], self.r_neg.shape[2]
+        b = b.astype(_F32).reshape(dirs, 2, h4)
+        return ((b[:, 0] + b[:, 1])[:, self.order] * self.sign).reshape(dirs, 1, h4)
 
     def recurrent(self, part: slice):
         """``(r_neg, r_scale, per-direction scales, r_max)`` of the directions ``part``."""
@@ -159,6 +170,10 @@ class DynamicQuantizeLSTM(Kernel):
         self.q_weights = None
         if all(i in c for i in (1, 2, 8, 9, 10, 11)):
             self.q_weights = self._weights(c[1], c[2], c[8], c[9], c[10], c[11], desc)
+        # a constant B in the emulation's form, once (the same array comes back every run)
+        self.q_bias = None
+        if self.q_weights is not None and 3 in c and c[3].shape == (c[1].shape[0], 2 * c[1].shape[2]):
+            self.q_bias = (c[3], self.q_weights.bias(c[3]))
 
     @staticmethod
     def _weights(w, r, w_scale, w_zp, r_scale, r_zp, desc):
@@ -218,11 +233,13 @@ class DynamicQuantizeLSTM(Kernel):
         # (R's columns are negated alike)
         gxa *= xs * prep.w_scale_signed
         if b is not None:
-            b = b.reshape(dirs, 2, h4)
-            gxa += ((b[:, 0] + b[:, 1])[:, prep.order] * prep.sign).reshape(-1)
+            cached = self.q_bias
+            gxa += (cached[1] if cached is not None and cached[0] is b else prep.bias(b)).reshape(-1)
         # every step of both directions at once: direction d's step t reads gx[t, d],
         # the reverse direction's inputs stored in reverse time order
-        gx = np.zeros((seq, dirs, rows, h4), _F32)
+        gx = np.empty((seq, dirs, rows, h4), _F32)
+        if rows > batch:
+            gx[:, :, batch:] = 0  # the padding rows: a zero state stays zero
         gxa = gxa.reshape(seq, batch, dirs, h4)
         masks = rev = None
         if lens is not None:
@@ -237,14 +254,15 @@ class DynamicQuantizeLSTM(Kernel):
                 gx[:, d, :batch] = gxa[:, :, d]
             else:
                 gx[:, d, :batch] = gxa[::-1, :, d] if rev is None else gxa[:, :, d][rev]
-        ys = np.zeros((seq + 1, dirs, rows, hid), _F32)  # ys[0]: the initial state
+        # ys[0]: the initial state, set by the loop below; the steps write the rest
+        ys = np.empty((seq + 1, dirs, rows, hid), _F32)
         cell = np.zeros((dirs, rows, hid), _F32)
         # each row's cell at its last valid step (ragged), else the last cell
         last_cell = cell if masks is None else np.zeros_like(cell)
         scales = np.ones((seq, dirs, groups), _F32)
         # each step's range [bottom, top] per group, for the check after the loop
         ranges = np.zeros((2, seq, dirs, groups), _F32)
-        exact = all(_single_f32(255.0, m, l1, hid) for m, l1 in zip(prep.r_max, prep.r_l1))
+        exact = prep.exact
         # a zero initial state (as exporters write it) has scale 1 and zero point 0
         zero_start = initial_h is None or not np.any(initial_h)
         # both directions step together while their recurrent weights (as float32)
@@ -287,10 +305,10 @@ class DynamicQuantizeLSTM(Kernel):
         group by group."""
         if not (float(scales.min()) >= _F32_TINY and float(scales.max()) <= _F32_MAX / 255):
             return False
-        with np.errstate(all="ignore"):
-            lo = np.rint(ranges[0] / scales)
-            hi = np.rint(ranges[1] / scales)
-        return not bool(((hi - lo) > 255).any())
+        # normal finite scales, each at least its group's range / 255: the quotients
+        # are finite (no error state to set)
+        q = np.rint(ranges / scales)
+        return not bool(((q[1] - q[0]) > 255).any())
 
     def _reversed(self, d: int) -> bool:
         return self.direction == "reverse" or (self.direction == "bidirectional" and d == 1)
@@ -445,8 +463,6 @@ class DynamicQuantizeLSTM(Kernel):
                 prep = self._weights(
                     w, r, w_scale, w_zero_point, r_scale, r_zero_point, desc
                 )
-            if b is not None:
-                b = b.astype(_F32)
             outs = self._emulate(x, prep, b, initial_h, initial_c, sequence_lens)
             return outs[: len(self.node.outputs)]
         packed = getattr(self.lstm, "_packed", None)
