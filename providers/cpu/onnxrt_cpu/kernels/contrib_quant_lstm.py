@@ -262,7 +262,6 @@ class DynamicQuantizeLSTM(Kernel):
         scales = np.ones((seq, dirs, groups), _F32)
         # each step's range [bottom, top] per group, for the check after the loop
         ranges = np.zeros((2, seq, dirs, groups), _F32)
-        exact = prep.exact
         # a zero initial state (as exporters write it) has scale 1 and zero point 0
         zero_start = initial_h is None or not np.any(initial_h)
         # both directions step together while their recurrent weights (as float32)
@@ -280,7 +279,7 @@ class DynamicQuantizeLSTM(Kernel):
             with np.errstate(all="ignore"):
                 for part in parts:
                     self._steps(prep.recurrent(part), gx[:, part], ys[:, part], cell[part], scales[:, part],
-                                ranges[:, :, part], fr, exact, careful, zero_start, masks, last_cell[part])
+                                ranges[:, :, part], fr, prep.exact, careful, zero_start, masks, last_cell[part])
             if careful or self._unchecked_steps_hold(scales, ranges):
                 break
         if lens is None:
