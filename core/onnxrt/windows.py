@@ -69,7 +69,9 @@ def pool_geometry(in_sp: Sequence[int], kernel: Sequence[int], strides: Sequence
     else:
         raise InvalidArgument(f"{_prefix(desc)}unknown auto_pad {auto_pad!r}")
     for i in range(nd):
-        if out[i] < 1:
+        # a window that just fits nowhere gives an empty axis, as in onnxruntime; one
+        # that overshoots the padded input is an error there and here
+        if out[i] < 0:
             raise InvalidArgument(
                 f"{_prefix(desc)}pooling window {kernel[i]} (dilation {dilations[i]}) does not fit spatial "
                 f"axis {i} of size {in_sp[i]} with pads ({pb[i]}, {pe[i]})"

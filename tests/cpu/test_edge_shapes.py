@@ -59,6 +59,11 @@ CASES = [
     ("DynamicQuantizeLinear", [("x", np.ones((0,), F32))], {}, 11, 3),
     ("GatherND", [("x", np.arange(6, dtype=F32).reshape(2, 3)), ("i", np.zeros((2, 0), np.int64))], {}, 18, 1),
     ("Einsum", [("x", np.array(2.5, F32))], {"equation": ""}, 12, 1),
+    # a pooling window that fits nowhere along an axis: that axis is empty
+    ("MaxPool", [("x", np.ones((2, 3, 2, 4), F32))], {"kernel_shape": [3, 2]}, 19, 2),
+    ("MaxPool", [("x", np.ones((1, 1, 3), F32))], {"kernel_shape": [5], "strides": [2]}, 19, 1),
+    ("AveragePool", [("x", np.ones((1, 1, 3), F32))], {"kernel_shape": [4], "ceil_mode": 1}, 19, 1),
+    ("LpPool", [("x", np.ones((2, 3, 2, 4), F32))], {"kernel_shape": [3, 2], "pads": [0, 0, 0, 1]}, 19, 1),
     # special values
     ("ThresholdedRelu", [("x", np.array([np.nan, -np.inf, 2.0, 0.5, -3.0], F32))], {}, 18, 1),
     ("ThresholdedRelu", [("x", np.array([np.nan, -np.inf, 2.0, 0.5, -3.0], F32))], {"alpha": -1.0}, 18, 1),
@@ -83,6 +88,18 @@ def test_edge_shape_matches_onnxruntime(op, inputs, attrs, opset, n_out):
     for g, e in zip(got, exp):
         assert g.shape == e.shape and g.dtype == e.dtype
         np.testing.assert_array_equal(g, e)
+
+
+@pytest.mark.parametrize("op", ["MaxPool", "AveragePool", "LpPool"])
+def test_pooling_window_past_the_padded_input_fails(op):
+    """A window longer than the padded input by more than one stride leaves a negative
+    number of outputs: onnxruntime fails the run, and onnxrt names the axis."""
+    x = np.ones((1, 1, 2), F32)
+    model = _model(op, [("x", x)], {"kernel_shape": [6]}, 19, 1)
+    with pytest.raises(onnxrt.InvalidArgument, match="does not fit spatial axis 0 of size 2"):
+        onnxrt.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    with pytest.raises(Exception, match="negative"):
+        ort.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, {"x": x})
 
 
 @pytest.mark.parametrize("op, attrs", [("Div", {}), ("Mod", {"fmod": 0}), ("Mod", {"fmod": 1})])

@@ -168,6 +168,9 @@ POOL_CASES = [
     ("AveragePool", {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1]}),
     ("AveragePool", {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1], "count_include_pad": 1, "strides": [2, 2]}),
     ("AveragePool", {"kernel_shape": [2, 3]}),
+    # a window that fits nowhere along the rows: an empty axis
+    ("MaxPool", {"kernel_shape": [10, 3]}),
+    ("AveragePool", {"kernel_shape": [10, 3], "strides": [2, 1]}),
     ("GlobalAveragePool", {}),
     ("GlobalMaxPool", {}),
 ]

@@ -49,6 +49,9 @@ POOL_CASES = [
     ("AveragePool", (1, 2, 6, 5, 7), 1, dict(kernel_shape=[3, 2, 3], strides=[2, 1, 2], auto_pad="VALID", ceil_mode=1)),
     ("LpPool", (2, 3, 9, 8), 1, dict(kernel_shape=[3, 2], strides=[2, 2], pads=[1, 0, 1, 1], p=3)),
     ("LpPool", (2, 3, 9, 8), 1, dict(kernel_shape=[2, 2], p=2)),
+    # a window that fits nowhere along the rows: an empty axis
+    ("MaxPool", (2, 3, 2, 4), 2, dict(kernel_shape=[3, 2])),
+    ("AveragePool", (1, 1, 3), 1, dict(kernel_shape=[4], ceil_mode=1)),
     ("GlobalMaxPool", (2, 3, 40, 37), 1, {}),  # long rows: a work-group per row
     ("GlobalAveragePool", (3, 5, 7), 1, {}),
     ("GlobalAveragePool", (2, 7, 3, 30, 31), 1, {}),
