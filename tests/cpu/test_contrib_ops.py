@@ -781,6 +781,17 @@ def test_qlinear_average_pool_ceil_mode_divisors(include_pad, width, kernel, str
     assert_same(got, exp)
 
 
+def test_qlinear_average_pool_window_fitting_nowhere_gives_an_empty_axis():
+    """A 3-row window over 2 rows: no output row, as onnxruntime gives (not an error)."""
+    dt = np.uint8
+    inputs = {"x": q8(dt, 2, 3, 2, 4), "sx": np.array(0.1, np.float32), "zx": np.array(3, dt),
+              "sy": np.array(0.1, np.float32), "zy": np.array(3, dt)}
+    got, exp = run_both("QLinearAveragePool", inputs, out_types=[dt], inits=("sx", "zx", "sy", "zy"),
+                        kernel_shape=[3, 2])
+    assert got[0].shape == exp[0].shape == (2, 3, 0, 3)
+    assert got[0].dtype == exp[0].dtype
+
+
 @pytest.mark.parametrize("ceil_mode", [0, 1])
 @pytest.mark.parametrize("include_pad", [0, 1])
 def test_qlinear_average_pool(include_pad, ceil_mode):
