@@ -179,3 +179,23 @@ def test_max_pool_indices_point_at_the_values_returned_with_nan():
     y, i = onnxrt.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, {"x": x})
     np.testing.assert_array_equal(x.reshape(-1)[i], y)  # NaN positions and values alike
     np.testing.assert_array_equal(y.reshape(-1), [np.nan, np.nan, 7.0, 6.0])
+
+
+@pytest.mark.parametrize("shape, attrs", [((2, 3, 4), {}), ((3, 4), {}), ((2, 3, 4), {"axes": [0, 2, 3]}),
+                                          ((2, 3, 4, 5, 2), {})])
+def test_mean_variance_normalization_drops_axes_past_the_rank(shape, attrs):
+    """The default axes [0, 2, 3] on an input of another rank: onnxruntime drops the
+    axes the input lacks (a 3-D input is normalized over [0, 2]) instead of failing."""
+    x = np.random.default_rng(len(shape)).standard_normal(shape).astype(F32)
+    model = _model("MeanVarianceNormalization", [("x", x)], attrs, 13, 1)
+    (got,) = onnxrt.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    (exp,) = ort.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    assert got.shape == exp.shape
+    np.testing.assert_allclose(got, exp, rtol=1e-5, atol=1e-5)
+
+
+def test_mean_variance_normalization_without_an_axis_in_range_fails():
+    x = np.ones((2, 3), F32)
+    model = _model("MeanVarianceNormalization", [("x", x)], {"axes": [3]}, 13, 1)
+    with pytest.raises(onnxrt.OnnxRtError, match="none of the axes"):
+        onnxrt.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, {"x": x})

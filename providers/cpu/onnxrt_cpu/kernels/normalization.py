@@ -287,8 +287,14 @@ def lrn(k, x, *, size, alpha=1e-4, beta=0.75, bias=1.0):
 
 @op("MeanVarianceNormalization", since=9)
 def mean_variance_normalization(k, x, *, axes=(0, 2, 3)):
-    """``(x - mean) / (std + 1e-9)`` over ``axes``."""
-    ax = tuple(_norm_axis(a, x.ndim) for a in axes)
+    """``(x - mean) / (std + 1e-9)`` over ``axes``.
+
+    Axes past the input's rank are dropped, as onnxruntime drops them: the default
+    ``[0, 2, 3]`` normalizes a 3-D input over ``[0, 2]``. None left is an error."""
+    kept = [a for a in axes if a < x.ndim]
+    if not kept:
+        raise ValueError(f"none of the axes {list(axes)} lies within the input's rank {x.ndim}")
+    ax = tuple(_norm_axis(a, x.ndim) for a in kept)
     cdt = _work_dtype(x.dtype)
     xc = x.astype(cdt, copy=False)
     mean = xc.mean(axis=ax, keepdims=True)
