@@ -59,6 +59,11 @@ CASES = [
     ("DynamicQuantizeLinear", [("x", np.ones((0,), F32))], {}, 11, 3),
     ("GatherND", [("x", np.arange(6, dtype=F32).reshape(2, 3)), ("i", np.zeros((2, 0), np.int64))], {}, 18, 1),
     ("Einsum", [("x", np.array(2.5, F32))], {"equation": ""}, 12, 1),
+    # three or more rank-0 inputs to a variadic op
+    ("Sum", [("a", np.array(1.5, F32)), ("b", np.array(2.0, F32)), ("c", np.array(-4.0, F32))], {}, 13, 1),
+    ("Max", [("a", np.array(1.5, F32)), ("b", np.array(2.0, F32)), ("c", np.array(-4.0, F32))], {}, 13, 1),
+    ("Mean", [("a", np.array(1, np.float16)), ("b", np.array(2, np.float16)), ("c", np.array(3, np.float16))],
+     {}, 13, 1),
     # a pooling window that fits nowhere along an axis: that axis is empty
     ("MaxPool", [("x", np.ones((2, 3, 2, 4), F32))], {"kernel_shape": [3, 2]}, 19, 2),
     ("MaxPool", [("x", np.ones((1, 1, 3), F32))], {"kernel_shape": [5], "strides": [2]}, 19, 1),

@@ -433,7 +433,8 @@ def _variadic(name, reducer, *, mean=False):
         if len(xs) == 1:
             r = xs[0] if low else xs[0].copy()
         else:
-            r = reducer(xs[0], xs[1])
+            # asarray: two rank-0 inputs give a numpy scalar, which cannot take out=
+            r = np.asarray(reducer(xs[0], xs[1]))
             for x in xs[2:]:
                 if x.shape == r.shape or np.broadcast_shapes(x.shape, r.shape) == r.shape:
                     reducer(r, x, out=r)
