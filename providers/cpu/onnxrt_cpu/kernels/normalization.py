@@ -295,6 +295,8 @@ def mean_variance_normalization(k, x, *, axes=(0, 2, 3)):
     if not kept:
         raise ValueError(f"none of the axes {list(axes)} lies within the input's rank {x.ndim}")
     ax = tuple(_norm_axis(a, x.ndim) for a in kept)
+    if x.size == 0:
+        return x.copy()  # nothing to normalize (numpy would warn of empty means)
     cdt = _work_dtype(x.dtype)
     xc = x.astype(cdt, copy=False)
     mean = xc.mean(axis=ax, keepdims=True)
