@@ -89,3 +89,22 @@ def test_reduce_mean_over_an_empty_axis_is_nan():
         warnings.simplefilter("ignore", RuntimeWarning)  # onnx.reference's numpy warns
         (exp,) = ReferenceEvaluator(model).run(None, {"x": x})
     np.testing.assert_array_equal(got, exp)
+
+
+@pytest.mark.parametrize("attrs, scales, roi", [
+    (dict(mode="cubic", coordinate_transformation_mode="align_corners", cubic_coeff_a=-0.5), [1, 1, 1.3, 0.7], None),
+    (dict(mode="cubic", coordinate_transformation_mode="align_corners", exclude_outside=1), [1, 1, 1.3, 0.5], None),
+    (dict(mode="cubic", coordinate_transformation_mode="tf_crop_and_resize", extrapolation_value=0.5),
+     [1, 1, 0.75, 1.5], [0, 0, 0.04, 0.3, 1, 1, 0.89, 0.74]),
+    (dict(mode="nearest", coordinate_transformation_mode="align_corners", nearest_mode="round_prefer_ceil"),
+     [1, 1, 0.6, 2.0], None),
+])
+def test_resize_follows_the_reference_evaluator(attrs, scales, roi):
+    """Resize cases where onnxruntime's results differ from onnx.reference's."""
+    x = np.random.default_rng(5).standard_normal((1, 2, 6, 9)).astype(F32)
+    inits = [numpy_helper.from_array(np.array(roi or [], F32), "roi"), numpy_helper.from_array(np.array(scales, F32), "s")]
+    model = _model("Resize", x, attrs, inits)
+    (got,) = _run(model, x)
+    (exp,) = ReferenceEvaluator(model).run(None, {"x": x})
+    assert got.shape == exp.shape
+    np.testing.assert_allclose(got, exp, rtol=1e-5, atol=1e-5)
