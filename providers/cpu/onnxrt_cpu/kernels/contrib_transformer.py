@@ -157,7 +157,8 @@ class _SkipNorm(Kernel):
         outs = [_back(y, x.dtype)]
         if self.n_out > 1:
             stat = x.shape[:-1] + (1,)
-            outs.append(None if mean is None else mean.reshape(stat).astype(_F32))
+            # the simplified form has no mean: zeros in its place, as onnxruntime gives
+            outs.append(np.zeros(stat, _F32) if mean is None else mean.reshape(stat).astype(_F32))
             outs.append(inv.reshape(stat).astype(_F32))
             outs.append(_back(s, x.dtype))
         return tuple(outs[: self.n_out])
