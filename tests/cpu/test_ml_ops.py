@@ -509,3 +509,36 @@ def test_linear_classifier_softmax_float32(scale):
         _compare(exp[1], got[1], f"linear-softmax-{s}:probabilities")
         assert got[1].dtype == np.float32
         np.testing.assert_allclose(got[1].sum(axis=1), 1, rtol=1e-5)
+
+
+@pytest.mark.parametrize("norm", ["MAX", "L1", "L2"])
+def test_normalizer_leaves_a_row_without_norm_as_it_is(norm):
+    """A row of zeros (or, for MAX, one whose maximum is 0) has nothing to divide by:
+    onnxruntime leaves it as it is, as scikit-learn's normalize does, not NaN."""
+    m = _node_model("Normalizer", {"norm": norm}, [helper.make_tensor_value_info("X", TensorProto.FLOAT, [None, 3])],
+                    [helper.make_tensor_value_info("Y", TensorProto.FLOAT, None)])
+    feeds = {"X": np.array([[-1, 0, -2], [0, 0, 0], [1, -2, 3], [-1, -2, -3]], np.float32)}
+    got = run_graph(m, feeds)[0]
+    _compare(_ort(m, feeds)[0], got, f"normalizer-zero-rows-{norm}")
+    np.testing.assert_array_equal(got[1], 0)
+    assert np.isfinite(got).all()
+
+
+@pytest.mark.parametrize("post", ["NONE", "LOGISTIC", "SOFTMAX"])
+def test_linear_classifier_with_one_score_row_gives_two_columns(post):
+    """One coefficient row and two labels: onnxruntime writes [1 - p, p], with p the
+    score made a probability by LOGISTIC (other transforms leave the score)."""
+    rng = np.random.default_rng(7)
+    attrs = {"coefficients": rng.normal(size=4).tolist(), "intercepts": [0.2], "classlabels_ints": [3, 8],
+             "post_transform": post}
+    m = _node_model("LinearClassifier", attrs, [helper.make_tensor_value_info("X", TensorProto.FLOAT, [None, 4])],
+                    [helper.make_tensor_value_info("Y", TensorProto.INT64, None),
+                     helper.make_tensor_value_info("Z", TensorProto.FLOAT, None)])
+    feeds = {"X": rng.normal(size=(50, 4)).astype(np.float32) * 2}
+    got = run_graph(m, feeds)
+    exp = _ort(m, feeds)
+    _compare(exp[0], got[0], f"linear-binary-{post}:label")
+    _compare(exp[1], got[1], f"linear-binary-{post}:scores")
+    np.testing.assert_array_equal(got[1][:, 0], np.float32(1) - got[1][:, 1])
+    if post == "LOGISTIC":
+        assert ((got[1] > 0) & (got[1] < 1)).all()

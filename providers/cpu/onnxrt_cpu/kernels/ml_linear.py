@@ -33,12 +33,18 @@ def _labels(attrs, ints_name, what, required=True):
 def _binary_pair(s, post, mode):
     """onnxruntime's expansion of one score per row into two columns.
 
-    ``mode`` 0/1: [1 - s, s]; 2/3: [-s, s] (or logistic of both for LOGISTIC).
-    PROBIT only transforms the score (the second column stays 0).
+    ``mode`` 0/1: [1 - s, s], with s first made a probability for LOGISTIC (as
+    onnxruntime 1.32 gives; its earlier releases skipped the logistic); 2/3: [-s, s]
+    (or logistic of both for LOGISTIC). PROBIT only transforms the score (the second
+    column stays 0).
     """
     z = np.zeros((len(s), 2), dtype=np.float64)
     if post == "PROBIT":
         z[:, 0] = probit(s)
+    elif mode in (0, 1) and post == "LOGISTIC":
+        p = np.asarray(logistic(s)).astype(_F32)
+        z[:, 0] = np.float32(1) - p  # in float32: the pair sums to exactly 1
+        z[:, 1] = p
     elif mode in (0, 1):
         z[:, 0] = 1.0 - s
         z[:, 1] = s
@@ -352,18 +358,20 @@ def normalizer(k, x, *, norm="MAX"):
     if X.ndim != 2:
         raise ValueError(f"Normalizer: input must be 1-D or 2-D, got shape {x.shape}")
     # the row maxima and sums through .rows: numpy reduces a short last axis slowly
-    # (1000 rows of 10 probabilities, L1: 30 -> 13 us)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        if norm == "MAX":
-            y = X / row_max(X)
-        elif norm == "L1":
-            y = np.abs(X)
-            np.divide(X, row_sum(y), out=y)
-        else:
-            y = X * X
-            d = row_sum(y)
-            np.sqrt(d, out=d)
-            np.divide(X, d, out=y)
+    # (1000 rows of 10 probabilities, L1: 30 -> 13 us). A row whose norm (or maximum)
+    # is 0 is left as it is, as onnxruntime (and scikit-learn's normalize) leave it
+    if norm == "MAX":
+        d = row_max(X)
+        y = np.empty_like(X)
+    elif norm == "L1":
+        y = np.abs(X)
+        d = row_sum(y)
+    else:
+        y = X * X
+        d = row_sum(y)
+        np.sqrt(d, out=d)
+    d[d == 0] = 1
+    np.divide(X, d, out=y)
     return y.reshape(x.shape) if x.ndim == 1 else y
 
 
