@@ -284,7 +284,7 @@ def _node_model(op, attrs, inputs, outputs, ml_opset=3):
     return m
 
 
-def _tree_attrs(rng, n_trees, n_feat, n_cls, modes, one_class=False):
+def _tree_attrs(rng, n_trees, n_feat, n_cls, modes, one_class=None):
     a = {k: [] for k in ("nodes_treeids", "nodes_nodeids", "nodes_featureids", "nodes_values", "nodes_modes",
                          "nodes_truenodeids", "nodes_falsenodeids", "nodes_missing_value_tracks_true")}
     w = {k: [] for k in ("treeids", "nodeids", "ids", "weights")}
@@ -310,7 +310,7 @@ def _tree_attrs(rng, n_trees, n_feat, n_cls, modes, one_class=False):
                 for k, v in zip(a, (None, None, 0, 0.0, "LEAF", 0, 0, 0)):
                     if v is not None:
                         a[k].append(v)
-                classes = [1] if one_class else list(range(n_cls))
+                classes = list(range(n_cls)) if one_class is None else [one_class]
                 for c in classes:
                     w["treeids"].append(t)
                     w["nodeids"].append(i)
@@ -324,14 +324,15 @@ def _tree_attrs(rng, n_trees, n_feat, n_cls, modes, one_class=False):
 
 
 @pytest.mark.parametrize("post", ["NONE", "LOGISTIC", "SOFTMAX", "SOFTMAX_ZERO"])
-@pytest.mark.parametrize("n_cls,one_class", [(3, False), (2, True), (2, False)])
+@pytest.mark.parametrize("n_cls,one_class", [(3, None), (2, 1), (2, 0), (2, None)])
 def test_tree_classifier_modes_vs_ort(post, n_cls, one_class):
+    """one_class: every leaf weighs that class alone (two labels, one score a row)."""
     rng = np.random.default_rng(n_cls * 10 + len(post))
     modes = ["BRANCH_LEQ", "BRANCH_LT", "BRANCH_GTE", "BRANCH_GT", "BRANCH_EQ", "BRANCH_NEQ"]
     a, w = _tree_attrs(rng, 4, 3, n_cls, modes, one_class)
     attrs = dict(a, class_treeids=w["treeids"], class_nodeids=w["nodeids"], class_ids=w["ids"],
                  class_weights=w["weights"], post_transform=post, classlabels_int64s=list(range(n_cls)))
-    if n_cls == 2 and not one_class:
+    if n_cls == 2 and one_class is None:
         attrs["base_values"] = [0.1, -0.2]
     X = np.round(rng.normal(size=(40, 3)), 1).astype(np.float32)
     X[rng.random(X.shape) < 0.1] = np.nan

@@ -551,8 +551,15 @@ class TreeEnsembleClassifier(Kernel):
                 zz[:, 0] = probit(v)
             else:
                 m01 = (w == 0) | (w == 1)
-                zz[m01, 0] = 1.0 - v[m01]
-                zz[m01, 1] = v[m01]
+                if self.post == "LOGISTIC":
+                    # the score made a probability first, as onnxruntime 1.32 does
+                    # (its earlier releases wrote [1 - score, score] here too)
+                    p = np.asarray(logistic(v[m01])).astype(np.float32)
+                    zz[m01, 0] = np.float32(1) - p
+                    zz[m01, 1] = p
+                else:
+                    zz[m01, 0] = 1.0 - v[m01]
+                    zz[m01, 1] = v[m01]
                 m23 = (w == 2) | (w == 3)
                 if self.post == "LOGISTIC":
                     zz[m23, 0] = logistic(-v[m23])
