@@ -95,7 +95,10 @@ class StringSplit(Kernel):
 
     def run(self, x):
         x = _as_str_array(x, "StringSplit")
-        parts = [s.split(self.delimiter, self.maxsplit) for s in x.ravel().tolist()]
+        # an empty string holds no substring, as onnxruntime counts it (Python's
+        # split on an explicit delimiter would give one empty substring)
+        d, m = self.delimiter, self.maxsplit
+        parts = [s.split(d, m) if s else [] for s in x.ravel().tolist()]
         counts = np.fromiter((len(p) for p in parts), dtype=np.int64, count=len(parts))
         width = int(counts.max()) if counts.size else 0
         y = np.full((len(parts), width), "", dtype=_OBJ)
@@ -109,6 +112,74 @@ class StringSplit(Kernel):
         return y.reshape(x.shape + (width,)), counts.reshape(x.shape)
 
 
+#: RE2's POSIX classes (ASCII, as RE2 defines them), as Python character-set ranges
+_POSIX_CLASSES = {
+    "alnum": "0-9A-Za-z", "alpha": "A-Za-z", "ascii": "\\x00-\\x7f", "blank": "\\t ",
+    "cntrl": "\\x00-\\x1f\\x7f", "digit": "0-9", "graph": "!-~", "lower": "a-z", "print": " -~",
+    "punct": "!-/:-@\\[-`{-~", "space": "\\t\\n\\v\\f\\r ", "upper": "A-Z", "word": "0-9A-Za-z_",
+    "xdigit": "0-9A-Fa-f",
+}
+
+
+def re2_to_python(pattern: str) -> str:
+    """An RE2 pattern (RegexFullMatch's syntax) as a Python ``re`` pattern, to be
+    compiled with ``re.ASCII`` (RE2's ``\\w``, ``\\d``, ``\\s`` and ``\\b`` are ASCII).
+
+    Translates what the two read differently: POSIX classes inside a character set
+    (``[[:alpha:]]``, ``[[:^digit:]]``) and ``\\z`` (end of text; Python's ``\\Z``).
+    Unicode classes (``\\pL``, ``\\p{Greek}``) have no ``re`` equivalent: ValueError.
+    """
+    out, i, n, in_set = [], 0, len(pattern), False
+    while i < n:
+        c = pattern[i]
+        if c == "\\" and i + 1 < n:
+            e = pattern[i + 1]
+            if e in "pP":
+                raise ValueError(f"Unicode class \\{e} at position {i} is not supported")
+            out.append("\\Z" if e == "z" and not in_set else c + e)
+            i += 2
+            continue
+        if in_set:
+            if c == "[" and pattern.startswith("[:", i):
+                end = pattern.find(":]", i + 2)
+                name = pattern[i + 2 : end] if end > 0 else ""
+                negated = name.startswith("^")
+                ranges = _POSIX_CLASSES.get(name.lstrip("^"))
+                if ranges is None:
+                    raise ValueError(f"unknown POSIX class [:{name}:] at position {i}")
+                if negated:
+                    # a negated class inside a set: only the whole set can be negated
+                    # in re, so [[:^digit:]] alone becomes [^0-9]
+                    if out[-1] != "[" or not pattern.startswith("]", end + 2):
+                        raise ValueError(f"a negated POSIX class must be a set of its own, at position {i}")
+                    out.append("^")
+                out.append(ranges)
+                i = end + 2
+                continue
+            if c == "]":
+                in_set = False
+            elif c in "[&~|":
+                # literals in an RE2 set; unescaped, re reads them as (future) set
+                # operations and warns
+                out.append("\\" + c)
+                i += 1
+                continue
+        elif c == "[":
+            in_set = True
+            out.append(c)
+            i += 1
+            if pattern.startswith("^", i):
+                out.append("^")
+                i += 1
+            if pattern.startswith("]", i):  # a leading ] is a literal
+                out.append("\\]")
+                i += 1
+            continue
+        out.append(c)
+        i += 1
+    return "".join(out)
+
+
 @op("RegexFullMatch", since=20)
 class RegexFullMatch(Kernel):
     """RegexFullMatch: whether each string matches ``pattern`` in full."""
@@ -118,8 +189,8 @@ class RegexFullMatch(Kernel):
         if pattern is None:
             raise ValueError(f"{self.node.describe()}: attribute 'pattern' is required")
         try:
-            self.regex = re.compile(pattern)
-        except re.error as e:
+            self.regex = re.compile(re2_to_python(pattern), re.ASCII)
+        except (re.error, ValueError) as e:
             raise ValueError(f"{self.node.describe()}: invalid pattern {pattern!r}: {e}") from None
 
     def run(self, x):
