@@ -76,14 +76,6 @@ class _PoolBase(Kernel):
                                               self.ceil_mode, self.node.describe())
         return kernel, strides, dil, pb, pe, extra, out_sp
 
-    @staticmethod
-    def _no_windows(x, out_sp) -> np.ndarray | None:
-        """The empty output of a pool whose window fits nowhere along some axis (an
-        axis of 0 outputs, as onnxruntime gives), else None."""
-        if 0 in out_sp:
-            return np.empty((*x.shape[:2], *out_sp), dtype=x.dtype)
-        return None
-
 
 def _reduce_taps(x, kernel, strides, dil, pb, out_sp, ufunc, fill):
     """``ufunc``-reduce the taps of every window of ``x`` padded by ``pb`` before each
@@ -343,15 +335,17 @@ class MaxPool(_PoolBase):
 
     def run(self, x):
         kernel, strides, dil, pb, pe, extra, out_sp = self._geom(x)
-        empty = self._no_windows(x, out_sp)
-        if empty is not None:
-            return (empty, np.empty(empty.shape, np.int64)) if self.want_indices else (empty,)
         dt = x.dtype
         xc = x if dt.kind in "iu" or dt in (np.float32, np.float64) else x.astype(np.float32)
         low = _lowest(xc.dtype)
         if not self.want_indices:
             y = _reduce_taps(xc, kernel, strides, dil, pb, out_sp, np.maximum, low)
             return (y.astype(dt, copy=False),)
+        if 0 in out_sp:
+            # a window that fits nowhere along an axis (an empty axis, as onnxruntime
+            # gives): the tap slices below would not be empty
+            y = np.empty((*x.shape[:2], *out_sp), dtype=dt)
+            return y, np.empty(y.shape, np.int64)
         xp = pad_spatial(xc, pb, [e + x_ for e, x_ in zip(pe, extra)], low)
         y = None
         ntaps = math.prod(kernel)
@@ -405,9 +399,6 @@ class AveragePool(_PoolBase):
 
     def run(self, x):
         kernel, strides, dil, pb, pe, extra, out_sp = self._geom(x)
-        empty = self._no_windows(x, out_sp)
-        if empty is not None:
-            return (empty,)
         cdt = compute_dtype(x.dtype)
         key = (x.shape[2:], cdt)
         div = self._divisors.get(key)
@@ -431,9 +422,6 @@ class LpPool(_PoolBase):
 
     def run(self, x):
         kernel, strides, dil, pb, pe, extra, out_sp = self._geom(x)
-        empty = self._no_windows(x, out_sp)
-        if empty is not None:
-            return (empty,)
         p = self.attrs.get("p", 2)
         cdt = compute_dtype(x.dtype)
         xa = np.abs(x.astype(cdt, copy=False))
