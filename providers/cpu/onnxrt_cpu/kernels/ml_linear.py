@@ -12,7 +12,7 @@ import numpy as np
 from onnxrt.kernel import Kernel
 
 from ..registry import op
-from .ml_tree import as_matrix, check_post, logistic, post_transform, probit
+from .ml_tree import as_matrix, binary_pair, check_post, logistic, post_transform, probit
 from .rows import row_max, row_op, row_sum
 
 _F32 = np.float32
@@ -28,33 +28,6 @@ def _labels(attrs, ints_name, what, required=True):
     if required:
         raise ValueError(f"{what}: classlabels_strings or {ints_name} is required")
     return np.zeros(0, dtype=np.int64), False
-
-
-def _binary_pair(s, post, mode):
-    """onnxruntime's expansion of one score per row into two columns.
-
-    ``mode`` 0/1: [1 - s, s], with s first made a probability for LOGISTIC (as
-    onnxruntime 1.32 gives; its earlier releases skipped the logistic); 2/3: [-s, s]
-    (or logistic of both for LOGISTIC). PROBIT only transforms the score (the second
-    column stays 0).
-    """
-    z = np.zeros((len(s), 2), dtype=np.float64)
-    if post == "PROBIT":
-        z[:, 0] = probit(s)
-    elif mode in (0, 1) and post == "LOGISTIC":
-        p = np.asarray(logistic(s)).astype(_F32)
-        z[:, 0] = np.float32(1) - p  # in float32: the pair sums to exactly 1
-        z[:, 1] = p
-    elif mode in (0, 1):
-        z[:, 0] = 1.0 - s
-        z[:, 1] = s
-    elif post == "LOGISTIC":
-        z[:, 0] = logistic(-s)
-        z[:, 1] = logistic(s)
-    else:
-        z[:, 0] = -s
-        z[:, 1] = s
-    return z
 
 
 # -- LinearClassifier / LinearRegressor -----------------------------------------------
@@ -94,7 +67,7 @@ class LinearClassifier(Kernel):
             else:
                 label = win.astype(np.int64)
             if self.add_second:
-                z = _binary_pair(s[:, 0].astype(np.float64), self.post, 1)
+                z = binary_pair(s[:, 0].astype(np.float64), self.post, 1)
             elif self.post == "PROBIT":
                 z = probit(s)
             else:
@@ -246,7 +219,7 @@ class SVMClassifier(_SVMBase):
             else:
                 # onnxruntime: [-s, s] (or its logistic) for NONE and LOGISTIC, else [1 - s, s]
                 mode = 2 if self.post in ("NONE", "LOGISTIC") else 0
-                z = _binary_pair(dec[:, 0].astype(np.float64), self.post, mode)
+                z = binary_pair(dec[:, 0].astype(np.float64), self.post, mode)
         if self.n_classes == 2 and not have_proba:
             pick1 = max_weight >= 0.5 if self.all_positive else max_weight > 0
             label = np.where(pick1, self.labels[1], self.labels[maxclass])

@@ -461,6 +461,33 @@ def finalize_regression(s, has, base, agg, post):
 
 
 # -- TreeEnsembleClassifier -------------------------------------------------------------
+def binary_pair(s, post, mode):
+    """onnxruntime's expansion of one score per row into two columns.
+
+    ``mode`` 0/1: [1 - s, s], with s first made a probability for LOGISTIC (as
+    onnxruntime 1.32 gives; its earlier releases skipped the logistic); 2/3: [-s, s]
+    (or logistic of both for LOGISTIC). PROBIT only transforms the score (the second
+    column stays 0).
+    """
+    z = np.zeros((len(s), 2), dtype=np.float64)
+    if post == "PROBIT":
+        z[:, 0] = probit(s)
+    elif mode in (0, 1) and post == "LOGISTIC":
+        p = np.asarray(logistic(s)).astype(np.float32)
+        z[:, 0] = np.float32(1) - p  # in float32: the pair sums to exactly 1
+        z[:, 1] = p
+    elif mode in (0, 1):
+        z[:, 0] = 1.0 - s
+        z[:, 1] = s
+    elif post == "LOGISTIC":
+        z[:, 0] = logistic(-s)
+        z[:, 1] = logistic(s)
+    else:
+        z[:, 0] = -s
+        z[:, 1] = s
+    return z
+
+
 @op("TreeEnsembleClassifier", since=1, domain="ai.onnx.ml")
 class TreeEnsembleClassifier(Kernel):
     """Classification by a tree ensemble: label [N] (int64 or string), scores float [N, C]."""
@@ -551,22 +578,9 @@ class TreeEnsembleClassifier(Kernel):
                 zz[:, 0] = probit(v)
             else:
                 m01 = (w == 0) | (w == 1)
-                if self.post == "LOGISTIC":
-                    # the score made a probability first, as onnxruntime 1.32 does
-                    # (its earlier releases wrote [1 - score, score] here too)
-                    p = np.asarray(logistic(v[m01])).astype(np.float32)
-                    zz[m01, 0] = np.float32(1) - p
-                    zz[m01, 1] = p
-                else:
-                    zz[m01, 0] = 1.0 - v[m01]
-                    zz[m01, 1] = v[m01]
                 m23 = (w == 2) | (w == 3)
-                if self.post == "LOGISTIC":
-                    zz[m23, 0] = logistic(-v[m23])
-                    zz[m23, 1] = logistic(v[m23])
-                else:
-                    zz[m23, 0] = -v[m23]
-                    zz[m23, 1] = v[m23]
+                zz[m01] = binary_pair(v[m01], self.post, 0)
+                zz[m23] = binary_pair(v[m23], self.post, 2)
                 other = ~(m01 | m23)
                 zz[other, 0] = v[other]
             z[one] = zz
