@@ -493,6 +493,30 @@ def test_matmul_nbits(bits, zp_kind, k):
     assert_same(got, exp, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize(
+    "bits,block,k",
+    [(4, 32, 64), (4, 16, 100), (4, 128, 256), (4, 256, 300), (8, 64, 128), (2, 32, 96), (2, 128, 256),
+     (2, 16, 64), (2, 256, 256)],
+)
+def test_matmul_nbits_accuracy_level_4_rounds_a_to_int8_as_onnxruntime(bits, block, k):
+    """``accuracy_level=4`` allows A in int8: onnxruntime rounds each block of A's rows
+    to multiples of ``max|a| / 127`` wherever it has an int8 kernel (4 and 8 bits; 2
+    bits in blocks of 32 to 128). onnxrt does the same, so its results agree to float
+    rounding (1e-5 of the range) where the exact product is 1e-3 to 1e-2 away."""
+    n = 24
+    kb = -(-k // block)
+    bq = RNG.integers(0, 256, (n, kb, block * bits // 8)).astype(np.uint8)
+    scales = (RNG.random((n, kb)) * 0.1 + 0.01).astype(np.float32)
+    zp = RNG.integers(0, 256, (n, -(-kb * bits // 8))).astype(np.uint8)
+    a = f32(2, 5, k)
+    a[0, 0, :block] = 0  # an all-zero block: no scale to divide by
+    inputs = {"a": a, "b": bq, "s": scales, "zp": zp}
+    got, exp = run_both("MatMulNBits", inputs, inits=("b", "s", "zp"), K=k, N=n, bits=bits, block_size=block,
+                        accuracy_level=4)
+    span = float(np.abs(exp[0]).max())
+    assert_same(got, exp, rtol=0, atol=1e-5 * span)
+
+
 # -- fused Conv / Gemm -------------------------------------------------------------------------
 
 
