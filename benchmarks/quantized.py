@@ -13,7 +13,10 @@ The models are made here from the test models in ``tests/models/data``:
   com.microsoft ops (EmbedLayerNormalization, Attention, SkipLayerNormalization, ...),
   and that model quantized dynamically (QAttention, QEmbedLayerNormalization, ...);
 * the transformer encoder with 4-bit weights (``MatMulNBitsQuantizer``: MatMulNBits);
-* the bidirectional LSTM tagger quantized dynamically (DynamicQuantizeLSTM).
+* the bidirectional LSTM tagger quantized dynamically (DynamicQuantizeLSTM);
+* a tiny Llama as onnxruntime's generative-AI model builder writes it, float32 and
+  4-bit (``llama_tiny*.onnx``: GroupQueryAttention, SimplifiedLayerNormalization,
+  MatMulNBits, GatherBlockQuantized), timed over one generation step after 31 tokens.
 
 For each model it prints the median latency of both engines over ``--repeat`` runs
 (after warm-up; the two engines' runs alternate, so that background load on a shared
@@ -45,6 +48,13 @@ def _feeds(model: str, batch: int):
         return {"input_ids": rng.integers(0, 100, (batch, 32)).astype(np.int64)}
     if model == "lstm_tagger":
         return {"input_ids": rng.integers(0, 500, (batch, 32)).astype(np.int64)}
+    if model == "llama_tiny":
+        # one generation step after 31 tokens: the sizes of scripts/export_llm_models.py
+        # (2 layers, 2 key/value heads of 16 values)
+        past = {f"past_key_values.{i}.{kv}": rng.standard_normal((batch, 2, 31, 16)).astype(np.float32)
+                for i in range(2) for kv in ("key", "value")}
+        return {"input_ids": rng.integers(0, 128, (batch, 1)).astype(np.int64),
+                "attention_mask": np.ones((batch, 32), np.int64), **past}
     return {
         "input_ids": rng.integers(0, 120, (batch, 32)).astype(np.int64),
         "attention_mask": np.ones((batch, 32), np.int64),
@@ -136,6 +146,10 @@ def make_models(folder: Path) -> list[tuple[str, Path, str]]:
     lstm_q = folder / "lstm_tagger_dynamic.onnx"
     quantize_dynamic(str(DATA / "lstm_tagger.onnx"), str(lstm_q))
     out.append(("lstm_tagger dynamic (DynamicQuantizeLSTM)", lstm_q, "lstm_tagger"))
+    # a tiny Llama as onnxruntime's model builder writes it, one generation step
+    out.append(("llama_tiny step (GroupQueryAttention)", DATA / "llama_tiny.onnx", "llama_tiny"))
+    out.append(("llama_tiny int4 step (+ MatMulNBits, GatherBlockQuantized)", DATA / "llama_tiny_int4.onnx",
+                "llama_tiny"))
     logging.disable(logging.NOTSET)
     return out
 

@@ -56,9 +56,39 @@ class GatherBlockQuantized(Kernel):
         self.block = int(a.get("block_size", 128))
         self.gather_axis = int(a.get("gather_axis", 0))
         self.quantize_axis = int(a.get("quantize_axis", 1))
+        self._name = self.node.describe()
+        # a constant table in the usual layout (see _int4_rows): its byte view, zero
+        # points and scales as float32 once, so that a run is three gathers
+        self._kept = None
+        c = self.node.constants
+        data, scales = c.get(0), c.get(2)
+        zp = c.get(3)
+        has_zp = len(self.node.inputs) > 3 and bool(self.node.inputs[3])
+        if data is not None and scales is not None and (zp is not None or not has_zp) and _kind(data.dtype) == "int":
+            r = data.ndim
+            ga, qa = self.gather_axis % max(r, 1), self.quantize_axis % max(r, 1)
+            size = self.block
+            want = list(data.shape[:-1]) + [data.shape[-1] // size] if r and size else None
+            if (r >= 2 and qa == r - 1 and ga != qa and size >= 16 and data.shape[-1] % size == 0
+                    and scales.shape == tuple(want) and (zp is None or (zp.dtype == data.dtype and zp.shape == scales.shape))):
+                lut = _NIBBLES[data.dtype.name]
+                self._kept = (data, data.view(np.uint8), lut,
+                              None if zp is None else np.ascontiguousarray(lut[zp.view(np.uint8)][..., None]),
+                              np.ascontiguousarray(scales.astype(_F32)[..., None]), scales.dtype, ga)
 
     def run(self, data, indices, scales, zero_points=None):
-        name = self.node.describe()
+        kept = self._kept
+        if kept is not None and data is kept[0] and indices.dtype in (np.int32, np.int64) and indices.size:
+            codes, lut, zp, sc, dt, ga = kept[1:]
+            s = codes.shape[ga]
+            if 0 <= indices.min() and indices.max() < s:  # else the general path, which checks
+                vals = lut[np.take(codes, indices, axis=ga)]
+                blocks = vals.reshape(vals.shape[:-1] + (zp.shape[-2] if zp is not None else sc.shape[-2], -1))
+                if zp is not None:
+                    blocks -= np.take(zp, indices, axis=ga)
+                blocks *= np.take(sc, indices, axis=ga)
+                return (vals.astype(dt, copy=False),)
+        name = self._name
         kind = _kind(data.dtype)
         if not kind:
             raise TypeError(f"{name}: data must be int4, uint4, uint8 or a float8/float4 type, got {data.dtype}")
@@ -120,6 +150,11 @@ class GatherBlockQuantized(Kernel):
             idx = np.where(valid, idx, 0)
         if s == 0:
             idx = np.zeros_like(idx)  # all invalid: gather from an empty axis below
+        if kind == "int" and qa == r - 1 and ga != qa and length % size == 0 and list(scales.shape) == want:
+            y = _int4_rows(data, idx, scales, zero_points, ga, size)
+            if not valid.all():
+                y = np.where(valid.reshape((1,) * ga + idx.shape + (1,) * (r - ga - 1)), y, np.float32(0))
+            return (y.astype(scales.dtype, copy=False),)
         # the gathered slices only, then their scales and zero points
         values = self._values(np.take(data, idx, axis=ga) if s else _empty_take(data, idx, ga), kind, packed)
         out_qa = qa if qa < ga else qa + idx.ndim - 1  # quantize_axis among the output's axes
@@ -159,6 +194,29 @@ class GatherBlockQuantized(Kernel):
         if picked.shape[out_qa] != length:
             picked = np.take(picked, np.arange(length), axis=out_qa)
         return picked
+
+
+#: float32 value of each byte of an int4 / uint4 array (one value a byte, its low 4 bits)
+_NIBBLES = {
+    "int4": (((np.arange(256) & 15) ^ 8) - 8).astype(_F32),
+    "uint4": (np.arange(256) & 15).astype(_F32),
+}
+
+
+def _int4_rows(data, idx, scales, zero_points, ga, size):
+    """The usual layout, an int4/uint4 table quantized along its last axis in whole
+    blocks and gathered along another: the gathered codes read as float32 through a
+    table of the byte values (faster than the 4-bit type's own conversion), then one
+    subtraction and one product per block broadcast over it."""
+    lut = _NIBBLES[data.dtype.name]
+    if data.shape[ga] == 0:
+        return np.zeros(data.shape[:ga] + idx.shape + data.shape[ga + 1 :], _F32)
+    vals = lut[np.take(data.view(np.uint8), idx, axis=ga)]
+    blocks = vals.reshape(vals.shape[:-1] + (vals.shape[-1] // size, size))
+    if zero_points is not None:
+        blocks -= lut[np.take(zero_points.view(np.uint8), idx, axis=ga)][..., None]
+    blocks *= np.take(scales, idx, axis=ga)[..., None]
+    return vals
 
 
 def _empty_take(x, idx, axis):

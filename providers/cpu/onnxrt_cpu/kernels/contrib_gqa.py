@@ -80,26 +80,39 @@ def _work(x):
     return x if x.dtype in (np.float32, np.float64) else x.astype(_F32)
 
 
-def _rotate(x, cos, sin, interleaved):
-    """Rotary embedding in place on ``x`` ``[B, S, n, H]``; ``cos``/``sin`` are
-    ``[B, S, 1, rot/2]``."""
-    half = cos.shape[-1]
-    rot = 2 * half
+def _rotation_tables(cos_cache, sin_cache, interleaved):
+    """``(C, S)``, each ``[positions, rot]``, so that rotating ``x`` (its first ``rot``
+    values) at position ``p`` is ``x * C[p] + swapped(x) * S[p]``, ``swapped`` exchanging
+    the two halves (or the two values of each interleaved pair)."""
+    cos, sin = _work(cos_cache), _work(sin_cache)
     if interleaved:
-        x1, x2 = x[..., 0:rot:2].copy(), x[..., 1:rot:2].copy()
-        x[..., 0:rot:2] = x1 * cos - x2 * sin
-        x[..., 1:rot:2] = x2 * cos + x1 * sin
+        c = np.repeat(cos, 2, axis=-1)
+        s = np.stack([-sin, sin], axis=-1).reshape(sin.shape[0], -1)
     else:
-        x1, x2 = x[..., :half].copy(), x[..., half:rot].copy()
-        x[..., :half] = x1 * cos - x2 * sin
-        x[..., half:rot] = x2 * cos + x1 * sin
+        c = np.concatenate([cos, cos], axis=-1)
+        s = np.concatenate([-sin, sin], axis=-1)
+    return c, s
+
+
+def _rotate(x, c, s, interleaved):
+    """Rotary embedding in place on the first ``rot`` values of ``x``'s last axis;
+    ``c``/``s`` broadcast to ``x[..., :rot]`` (:func:`_rotation_tables`)."""
+    rot = c.shape[-1]
+    r = x[..., :rot]
+    pairs = r.reshape(r.shape[:-1] + ((rot // 2, 2) if interleaved else (2, rot // 2)))
+    swapped = np.ascontiguousarray(pairs[..., ::-1] if interleaved else pairs[..., ::-1, :]).reshape(r.shape)
+    swapped *= s
+    r *= c
+    r += swapped
 
 
 def _rms(x, weight, eps):
-    """Per-head RMS normalization over the last axis, times ``weight``."""
+    """Per-head RMS normalization over the last axis, times ``weight``, in place."""
     ms = np.mean(x * x, axis=-1, keepdims=True)
     ms += x.dtype.type(eps)
-    return x / np.sqrt(ms) * weight
+    np.sqrt(ms, out=ms)
+    x /= ms
+    x *= weight
 
 
 @op("GroupQueryAttention", since=1, domain=MS, accepts=_refuse)
@@ -109,7 +122,7 @@ class GroupQueryAttention(Kernel):
 
     def setup(self):
         a = self.attrs
-        name = self.node.describe()
+        name = self._name = self.node.describe()
         self.n = int(a.get("num_heads", 0))
         self.nkv = int(a.get("kv_num_heads", 0))
         if self.n <= 0 or self.nkv <= 0 or self.n % self.nkv:
@@ -131,6 +144,11 @@ class GroupQueryAttention(Kernel):
         self.q_eps = float(a.get("q_norm_epsilon", eps))
         self.k_eps = float(a.get("k_norm_epsilon", eps))
         self.n_out = len(self.node.outputs)
+        c = self.node.constants
+        # constant caches (as model builders write them): the rotation tables once
+        self._tables = None
+        if self.rotary and 7 in c and 8 in c and c[7].ndim == 2 and c[7].shape == c[8].shape:
+            self._tables = (c[7], c[8], _rotation_tables(c[7], c[8], self.interleaved))
 
     def run(
         self,
@@ -152,7 +170,7 @@ class GroupQueryAttention(Kernel):
         k_norm_weight=None,
         query_seqlens=None,
     ):
-        name = self.node.describe()
+        name = self._name
         n, nkv = self.n, self.nkv
         if query.ndim != 3:
             raise ValueError(f"{name}: query must be (batch, sequence, hidden), got shape {query.shape}")
@@ -164,7 +182,9 @@ class GroupQueryAttention(Kernel):
                     f"{name}: packed QKV width {d} is not (num_heads + 2 * kv_num_heads) * head_size"
                 )
             h = d // (n + 2 * nkv)
-            q, k, v = qf[..., : n * h], qf[..., n * h : (n + nkv) * h], qf[..., (n + nkv) * h :]
+            # Q and K together, a copy: normalized and rotated in place below
+            qk = qf[..., : (n + nkv) * h].reshape(b, s, n + nkv, h).copy()
+            v = qf[..., (n + nkv) * h :].reshape(b, s, nkv, h)
         elif key is None or value is None:
             raise ValueError(f"{name}: key and value go together (neither for packed QKV)")
         else:
@@ -176,21 +196,23 @@ class GroupQueryAttention(Kernel):
                     raise ValueError(
                         f"{name}: {what} must have shape ({b}, {s}, {nkv * h}), got {t.shape}"
                     )
-            q, k, v = qf, _work(key), _work(value)
-        q = q.reshape(b, s, n, h)
-        k = k.reshape(b, s, nkv, h)
-        v = v.reshape(b, s, nkv, h)
+            qk = np.empty((b, s, n + nkv, h), qf.dtype)
+            qk[:, :, :n] = qf.reshape(b, s, n, h)
+            qk[:, :, n:] = _work(key).reshape(b, s, nkv, h)
+            v = _work(value).reshape(b, s, nkv, h)
+        dt = qk.dtype
+        q, k = qk[:, :, :n], qk[:, :, n:]
 
         if seqlens_k is None or total_sequence_length is None:
             raise ValueError(f"{name}: seqlens_k and total_sequence_length are required")
-        seqlens = np.asarray(seqlens_k)
-        if seqlens.shape != (b,):
-            raise ValueError(f"{name}: seqlens_k must have shape ({b},), got {seqlens.shape}")
-        tot = np.asarray(total_sequence_length)
-        if tot.size != 1:
-            raise ValueError(f"{name}: total_sequence_length must be a scalar, got shape {tot.shape}")
-        total = int(tot.reshape(()))
-        lengths = seqlens.astype(np.int64) + 1  # T_b, keys after this step
+        if seqlens_k.shape != (b,):
+            raise ValueError(f"{name}: seqlens_k must have shape ({b},), got {seqlens_k.shape}")
+        if total_sequence_length.size != 1:
+            raise ValueError(
+                f"{name}: total_sequence_length must be a scalar, got shape {total_sequence_length.shape}"
+            )
+        total = int(total_sequence_length.reshape(()))
+        lengths = [int(x) + 1 for x in seqlens_k.tolist()]  # T_b, keys after this step
         past_len = 0
         if (past_key is None) != (past_value is None):
             raise ValueError(f"{name}: past_key and past_value go together")
@@ -204,21 +226,18 @@ class GroupQueryAttention(Kernel):
             past_len = past_key.shape[2]
         cache = max(past_len, total)
         first = s == total
-        if b and (lengths.min() < 1 or lengths.max() > total):
+        if b and (min(lengths) < 1 or max(lengths) > total):
             raise ValueError(
-                f"{name}: seqlens_k + 1 must lie in [1, total_sequence_length {total}], got {seqlens.tolist()}"
+                f"{name}: seqlens_k + 1 must lie in [1, total_sequence_length {total}], got {lengths}"
             )
-        if first:
-            starts = np.zeros(b, np.int64)
-        else:
-            starts = lengths - s  # cached rows before this step's
-            if b and starts.min() < 0:
+        # cached rows before this step's, per entry
+        starts = [0] * b if first else [t - s for t in lengths]
+        if b and not first:
+            if min(starts) < 0:
+                raise ValueError(f"{name}: seqlens_k + 1 ({lengths}) must be at least the sequence length {s}")
+            if max(starts) > past_len:
                 raise ValueError(
-                    f"{name}: seqlens_k + 1 ({lengths.tolist()}) must be at least the sequence length {s}"
-                )
-            if b and starts.max() > past_len:
-                raise ValueError(
-                    f"{name}: seqlens_k ({seqlens.tolist()}) needs {int(starts.max())} cached rows, "
+                    f"{name}: seqlens_k ({seqlens_k.tolist()}) needs {max(starts)} cached rows, "
                     f"past_key holds {past_len}"
                 )
 
@@ -228,31 +247,36 @@ class GroupQueryAttention(Kernel):
             for what, w in (("q_norm_weight", q_norm_weight), ("k_norm_weight", k_norm_weight)):
                 if w.shape != (h,):
                     raise ValueError(f"{name}: {what} must have shape ({h},), got {w.shape}")
-            q = _rms(q, _work(q_norm_weight), self.q_eps)
-            k = _rms(k, _work(k_norm_weight), self.k_eps)
-        else:
-            q, k = q.copy(), k.copy()  # rotated in place below; never the caller's arrays
-
+            _rms(q, _work(q_norm_weight), self.q_eps)
+            _rms(k, _work(k_norm_weight), self.k_eps)
         if self.rotary:
-            self._rotate(q, k, cos_cache, sin_cache, position_ids, starts, first, b, s, h, name)
+            self._rotate(qk, cos_cache, sin_cache, position_ids, starts, first, b, s, h, name)
 
-        dt = q.dtype
         present_k = np.zeros((b, nkv, cache, h), dt)
         present_v = np.zeros((b, nkv, cache, h), dt)
-        for i in range(b):
-            p0 = int(starts[i])
-            if p0:
-                present_k[i, :, :p0] = past_key[i, :, :p0]
-                present_v[i, :, :p0] = past_value[i, :, :p0]
+        if b and min(starts) == max(starts):  # every entry's new rows at the same place
+            p0 = starts[0]
             rows = min(s, cache - p0)
-            present_k[i, :, p0 : p0 + rows] = k[i, :rows].transpose(1, 0, 2)
-            present_v[i, :, p0 : p0 + rows] = v[i, :rows].transpose(1, 0, 2)
+            if p0:
+                present_k[:, :, :p0] = past_key[:, :, :p0]
+                present_v[:, :, :p0] = past_value[:, :, :p0]
+            present_k[:, :, p0 : p0 + rows] = k[:, :rows].transpose(0, 2, 1, 3)
+            present_v[:, :, p0 : p0 + rows] = v[:, :rows].transpose(0, 2, 1, 3)
+        else:
+            for i in range(b):
+                p0 = starts[i]
+                if p0:
+                    present_k[i, :, :p0] = past_key[i, :, :p0]
+                    present_v[i, :, :p0] = past_value[i, :, :p0]
+                rows = min(s, cache - p0)
+                present_k[i, :, p0 : p0 + rows] = k[i, :rows].transpose(1, 0, 2)
+                present_v[i, :, p0 : p0 + rows] = v[i, :rows].transpose(1, 0, 2)
 
         bias = None
         if attention_bias is not None:
             ab = attention_bias
             if ab.ndim != 4 or ab.shape[0] not in (1, b) or ab.shape[1] not in (1, n) or ab.shape[2] != s \
-                    or ab.shape[3] < int(lengths.max(initial=0)):
+                    or ab.shape[3] < max(lengths, default=0):
                 raise ValueError(
                     f"{name}: attention_bias must be (batch or 1, num_heads or 1, {s}, {total}), got {ab.shape}"
                 )
@@ -267,23 +291,22 @@ class GroupQueryAttention(Kernel):
 
         scale = dt.type(self.scale if self.scale else 1.0 / math.sqrt(h))
         groups = n // nkv
-        out = np.empty((b, s, n, h), dt)
-        for i in range(b):
-            t = int(lengths[i])
-            keys = present_k[i, :, :t]  # [nkv, t, h]
-            qi = q[i].transpose(1, 0, 2).reshape(nkv, groups * s, h)
-            scores = np.matmul(qi, keys.swapaxes(-1, -2)).reshape(n, s, t)
-            scores *= scale
-            if self.softcap > 0:
-                cap = dt.type(self.softcap)
-                scores /= cap
-                np.tanh(scores, out=scores)
-                scores *= cap
-            if bias is not None:
-                scores += bias[min(i, bias.shape[0] - 1), :, :, :t]
-            probs = self._softmax(scores, self._allowed(int(starts[i]), s, t), sink)
-            ctx = np.matmul(probs.reshape(nkv, groups * s, t), present_v[i, :, :t])
-            out[i] = ctx.reshape(n, s, h).transpose(1, 0, 2)
+        # every entry at once over the longest entry's keys; an entry's keys past its
+        # own length are left out of its softmax (zeros in the cache, masked here)
+        t = max(lengths, default=0)
+        qb = q.reshape(b, s, nkv, groups, h).transpose(0, 2, 3, 1, 4).reshape(b, nkv, groups * s, h)
+        scores = np.matmul(qb, present_k[:, :, :t].swapaxes(-1, -2)).reshape(b, n, s, t)
+        scores *= scale
+        if self.softcap > 0:
+            cap = dt.type(self.softcap)
+            scores /= cap
+            np.tanh(scores, out=scores)
+            scores *= cap
+        if bias is not None:
+            scores += bias[..., :t]
+        probs = self._softmax(scores, self._allowed(starts, lengths, s, t), sink)
+        ctx = np.matmul(probs.reshape(b, nkv, groups * s, t), present_v[:, :, :t])
+        out = ctx.reshape(b, n, s, h).transpose(0, 2, 1, 3)
 
         odt = query.dtype
         outs = [out.reshape(b, s, n * h).astype(odt, copy=False)]
@@ -293,8 +316,8 @@ class GroupQueryAttention(Kernel):
             outs.append(present_v.astype(odt, copy=False))
         return tuple(outs)
 
-    def _rotate(self, q, k, cos_cache, sin_cache, position_ids, starts, first, b, s, h, name):
-        """Rotate ``q`` and ``k`` in place at their positions."""
+    def _rotate(self, qk, cos_cache, sin_cache, position_ids, starts, first, b, s, h, name):
+        """Rotate Q and K (``qk`` ``[B, S, heads, H]``) in place at their positions."""
         if cos_cache is None or sin_cache is None:
             raise ValueError(f"{name}: do_rotary=1 needs cos_cache and sin_cache")
         if cos_cache.ndim != 2 or cos_cache.shape != sin_cache.shape or 2 * cos_cache.shape[1] > h:
@@ -302,37 +325,59 @@ class GroupQueryAttention(Kernel):
                 f"{name}: cos_cache {cos_cache.shape} and sin_cache {sin_cache.shape} must be equal "
                 f"(positions, at most head_size / 2 = {h // 2})"
             )
+        run = None  # positions p0 .. p0 + S - 1 for every entry: a slice of the tables
         if position_ids is None:
-            pos = starts[:, None] + np.arange(s)[None]
+            if b == 1 or first or min(starts) == max(starts):
+                run = starts[0] if b else 0
+            else:
+                pos = np.asarray(starts)[:, None] + np.arange(s)[None]
         else:
-            pid = np.asarray(position_ids)
             if first:
                 # a first prompt reads only the first position id, as onnxruntime does
-                if pid.size == 0:
+                if position_ids.size == 0:
                     raise ValueError(f"{name}: position_ids is empty")
-                pos = np.broadcast_to(int(pid.reshape(-1)[0]) + np.arange(s), (b, s))
+                run = int(position_ids.reshape(-1)[0])
+                if run < 0 or run + s > cos_cache.shape[0]:
+                    raise IndexError(
+                        f"{name}: rotary positions reach {run + s - 1}, cos_cache has {cos_cache.shape[0]} rows"
+                    )
             else:
-                if pid.shape != (b, s):
-                    raise ValueError(f"{name}: position_ids must have shape ({b}, {s}), got {pid.shape}")
-                pos = pid
-        if pos.size and (pos.min() < 0 or pos.max() >= cos_cache.shape[0]):
+                if position_ids.shape != (b, s):
+                    raise ValueError(
+                        f"{name}: position_ids must have shape ({b}, {s}), got {position_ids.shape}"
+                    )
+                pos = position_ids
+            if run is None and pos.size and (pos.min() < 0 or pos.max() >= cos_cache.shape[0]):
+                raise IndexError(
+                    f"{name}: rotary positions reach {int(pos.max())}, cos_cache has {cos_cache.shape[0]} rows"
+                )
+        if position_ids is None and (s + max(starts, default=0) > cos_cache.shape[0]):
             raise IndexError(
-                f"{name}: rotary positions reach {int(pos.max())}, cos_cache has {cos_cache.shape[0]} rows"
+                f"{name}: rotary positions reach {s + max(starts) - 1}, cos_cache has {cos_cache.shape[0]} rows"
             )
-        cos = _work(cos_cache)[pos][:, :, None].astype(q.dtype, copy=False)
-        sin = _work(sin_cache)[pos][:, :, None].astype(q.dtype, copy=False)
-        _rotate(q, cos, sin, self.interleaved)
-        _rotate(k, cos, sin, self.interleaved)
+        kept = self._tables
+        if kept is not None and kept[0] is cos_cache and kept[1] is sin_cache:
+            c, sn = kept[2]
+        else:
+            c, sn = _rotation_tables(cos_cache, sin_cache, self.interleaved)
+        if run is not None:
+            c, sn = c[run : run + s][None, :, None], sn[run : run + s][None, :, None]
+        else:
+            c, sn = c[pos][:, :, None], sn[pos][:, :, None]
+        _rotate(qk, c.astype(qk.dtype, copy=False), sn.astype(qk.dtype, copy=False), self.interleaved)
 
-    def _allowed(self, start, s, t):
-        """``[s, t]`` keys each query row of an entry sees, or None for all."""
-        if not self.causal:
-            return None
-        cols = np.arange(t)[None, :]
-        row = start + np.arange(s)[:, None]
-        ok = cols <= row
-        if self.window > 0:
-            ok &= cols > row - self.window
+    def _allowed(self, starts, lengths, s, t):
+        """``[B, 1, S, t]``: the keys each query row of each entry sees, or None for all."""
+        same = min(lengths, default=t) == t
+        if same and (not self.causal or (s == 1 and (self.window <= 0 or self.window >= t))):
+            return None  # every row sees every key (a generation step)
+        cols = np.arange(t)
+        ok = cols < np.asarray(lengths).reshape(-1, 1, 1, 1)
+        if self.causal:
+            row = np.asarray(starts).reshape(-1, 1, 1, 1) + np.arange(s).reshape(1, 1, s, 1)
+            ok = ok & (cols <= row)
+            if self.window > 0:
+                ok &= cols > row - self.window
         return ok
 
     @staticmethod
@@ -340,6 +385,13 @@ class GroupQueryAttention(Kernel):
         """Softmax over the keys each row sees (the others get 0), with an extra
         logit per head (``sink`` ``[n, 1, 1]``) in the denominator when given. A row
         that sees no key (a padding row of a first prompt) comes out as zeros."""
+        if allowed is None and sink is None:
+            # the reductions as ufunc calls: a generation step's rows are short, and
+            # the array methods' extra Python costs as much as the work
+            scores -= np.maximum.reduce(scores, axis=-1, keepdims=True)
+            np.exp(scores, out=scores)
+            scores /= np.add.reduce(scores, axis=-1, keepdims=True)
+            return scores
         if allowed is not None:
             np.copyto(scores, scores.dtype.type(-np.inf), where=~allowed)
         top = scores.max(axis=-1, keepdims=True)

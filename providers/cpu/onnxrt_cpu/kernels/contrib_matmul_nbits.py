@@ -24,6 +24,10 @@ def _unpack_bits(packed: np.ndarray, bits: int) -> np.ndarray:
     return vals.reshape(packed.shape[:-1] + (packed.shape[-1] * per,))
 
 
+#: Smallest block maximum :func:`_int8_blocks` divides by: ``127 / amax`` stays finite.
+_AMAX_FLOOR = np.float32(127) / np.finfo(np.float32).max
+
+
 def _int8_blocks(a: np.ndarray, block: int) -> np.ndarray:
     """``a`` rounded as onnxruntime's int8 path rounds it: per row, per block of
     ``block`` values along the last axis, to the nearest (ties to even) multiple of
@@ -36,10 +40,12 @@ def _int8_blocks(a: np.ndarray, block: int) -> np.ndarray:
         padded[:, :k] = rows
         rows = padded
     blocks = rows.reshape(-1, kb, block)
-    amax = np.abs(blocks).max(axis=-1, keepdims=True)
-    nonzero = amax != 0
-    inv = np.divide(np.float32(127), amax, out=np.zeros_like(amax), where=nonzero)
-    codes = np.rint(blocks * inv)
+    amax = np.maximum.reduce(np.abs(blocks), axis=-1, keepdims=True)
+    # an all-zero block has no scale: its codes come out 0 against any finite factor
+    # (the floor keeps 127 / amax finite; a block below it would be all but zero)
+    inv = np.float32(127) / np.maximum(amax, _AMAX_FLOOR)
+    codes = blocks * inv
+    np.rint(codes, out=codes)
     codes *= amax / np.float32(127)
     return codes.reshape(-1, kb * block)[:, :k].reshape(a.shape)
 
@@ -55,7 +61,7 @@ class MatMulNBits(Kernel):
 
     def setup(self):
         a = self.attrs
-        desc = self.node.describe()
+        desc = self._desc = self.node.describe()
         try:
             self.k, self.n = int(a["K"]), int(a["N"])
             self.block = int(a["block_size"])
@@ -119,7 +125,7 @@ class MatMulNBits(Kernel):
         return np.ascontiguousarray(w.T)  # [K, N]
 
     def run(self, a, b, scales, zero_points=None, g_idx=None, bias=None):
-        desc = self.node.describe()
+        desc = self._desc
         if g_idx is not None:
             raise ValueError(f"{desc}: g_idx is deprecated and not supported")
         if a.shape[-1] != self.k:
