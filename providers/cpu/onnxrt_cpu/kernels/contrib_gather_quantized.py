@@ -57,37 +57,61 @@ class GatherBlockQuantized(Kernel):
         self.gather_axis = int(a.get("gather_axis", 0))
         self.quantize_axis = int(a.get("quantize_axis", 1))
         self._name = self.node.describe()
-        # a constant table in the usual layout (see _int4_rows): its byte view, zero
-        # points and scales as float32 once, so that a run is three gathers
+        # a constant table in the usual layout (quantized along its last axis in whole
+        # blocks, gathered along another), as language models ship their embeddings:
+        # the values of each byte as float32 (one value a byte for int4/uint4, 8 // bits
+        # for packed uint8) and the zero points and scales as float32, once, so that a
+        # run is three gathers and two passes
         self._kept = None
         c = self.node.constants
-        data, scales = c.get(0), c.get(2)
-        zp = c.get(3)
         has_zp = len(self.node.inputs) > 3 and bool(self.node.inputs[3])
-        if data is not None and scales is not None and (zp is not None or not has_zp) and _kind(data.dtype) == "int":
-            r = data.ndim
-            ga, qa = self.gather_axis % max(r, 1), self.quantize_axis % max(r, 1)
-            size = self.block
-            want = list(data.shape[:-1]) + [data.shape[-1] // size] if r and size else None
-            if (r >= 2 and qa == r - 1 and ga != qa and size >= 16 and data.shape[-1] % size == 0
-                    and scales.shape == tuple(want) and (zp is None or (zp.dtype == data.dtype and zp.shape == scales.shape))):
-                lut = _NIBBLES[data.dtype.name]
-                self._kept = (data, data.view(np.uint8), lut,
-                              None if zp is None else np.ascontiguousarray(lut[zp.view(np.uint8)][..., None]),
-                              np.ascontiguousarray(scales.astype(_F32)[..., None]), scales.dtype, ga)
+        if 0 in c and 2 in c and (3 in c or not has_zp):
+            self._kept = self._keep(c[0], c[2], c.get(3))
+
+    def _keep(self, data, scales, zp):
+        """What :meth:`run` keeps for a constant table in the usual layout, or None."""
+        kind = _kind(data.dtype)
+        r = data.ndim
+        if kind not in ("int", "uint8") or r < 2:
+            return None
+        ga, qa, size, bits = self.gather_axis % r, self.quantize_axis % r, self.block, self.bits
+        if kind == "uint8" and (bits not in (2, 4, 8) or ga != 0):
+            return None
+        per = 8 // bits if kind == "uint8" else 1
+        length = data.shape[-1] * per
+        if qa != r - 1 or ga == qa or size < 16 or size & (size - 1) or length % size:
+            return None
+        blocks = length // size
+        if scales.shape != data.shape[:-1] + (blocks,):
+            return None
+        byte = np.arange(256)
+        if kind == "int":
+            lut = _NIBBLES[data.dtype.name].reshape(256, 1)
+        else:
+            lut = ((byte[:, None] >> (np.arange(per) * bits)) & ((1 << bits) - 1)).astype(_F32)
+        if zp is None:
+            zero = np.float32(1 << (bits - 1)) if kind == "uint8" else None
+        else:
+            zb = -(-blocks * bits // 8) if kind == "uint8" else blocks
+            if zp.dtype != data.dtype or zp.shape != data.shape[:-1] + (zb,):
+                return None
+            zero = lut[zp.view(np.uint8)].reshape(zp.shape[:-1] + (-1,))[..., :blocks, None]
+            zero = np.ascontiguousarray(zero)
+        sc = np.ascontiguousarray(scales.astype(_F32)[..., None])
+        return (data, data.view(np.uint8), lut, zero, sc, scales.dtype, ga, blocks)
 
     def run(self, data, indices, scales, zero_points=None):
         kept = self._kept
         if kept is not None and data is kept[0] and indices.dtype in (np.int32, np.int64) and indices.size:
-            codes, lut, zp, sc, dt, ga = kept[1:]
+            codes, lut, zero, sc, dt, ga, blocks = kept[1:]
             s = codes.shape[ga]
             if 0 <= indices.min() and indices.max() < s:  # else the general path, which checks
-                vals = lut[np.take(codes, indices, axis=ga)]
-                blocks = vals.reshape(vals.shape[:-1] + (zp.shape[-2] if zp is not None else sc.shape[-2], -1))
-                if zp is not None:
-                    blocks -= np.take(zp, indices, axis=ga)
-                blocks *= np.take(sc, indices, axis=ga)
-                return (vals.astype(dt, copy=False),)
+                vals = lut[np.take(codes, indices, axis=ga)]  # [..., bytes, values a byte]
+                vals = vals.reshape(vals.shape[:-2] + (blocks, -1))
+                if zero is not None:
+                    vals -= zero if zero.ndim == 0 else np.take(zero, indices, axis=ga)
+                vals *= np.take(sc, indices, axis=ga)
+                return (vals.reshape(vals.shape[:-2] + (-1,)).astype(dt, copy=False),)
         name = self._name
         kind = _kind(data.dtype)
         if not kind:
