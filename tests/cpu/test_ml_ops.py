@@ -445,6 +445,26 @@ def test_dict_vectorizer_and_feature_vectorizer():
     _compare(_ort(m, feeds)[0], run_graph(m, feeds)[0], "feature-vectorizer")
 
 
+@pytest.mark.parametrize("shapes,dims", [
+    ([(3,)], [4]),  # one row, padded to 4 columns
+    ([(2,)], [1]),  # one row, cut to 1 column
+    ([(3,), (1, 2)], [4, 2]),  # a 1-D input beside a [1, C] one
+    ([(2, 3), (2, 2, 2)], [3, 4]),  # a 3-D input is [N, rest]
+], ids=["pad", "cut", "mixed", "3-d"])
+def test_feature_vectorizer_reads_a_1d_input_as_one_row(shapes, dims):
+    """The spec: "1-D tensors are treated as [1,C]"; a 1-D input of 3 values with
+    inputdimensions [4] was read as 3 rows of one value."""
+    names = [f"X{i}" for i in range(len(shapes))]
+    m = _node_model("FeatureVectorizer", {"inputdimensions": dims},
+                    [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in names],
+                    [helper.make_tensor_value_info("Y", TensorProto.FLOAT, None)])
+    rng = np.random.default_rng(0)
+    feeds = {n: rng.normal(size=s).astype(np.float32) for n, s in zip(names, shapes)}
+    exp, got = _ort(m, feeds)[0], run_graph(m, feeds)[0]
+    assert got.shape == exp.shape
+    _compare(exp, got, "feature-vectorizer")
+
+
 @pytest.mark.parametrize("direction", ["str_to_int", "int_to_str"])
 def test_category_mapper(direction):
     attrs = {"cats_strings": ["cat", "dog", "eel"], "cats_int64s": [10, 20, 30],

@@ -63,6 +63,11 @@ CASES = [
     ("max3", [("Max", ["a", "b", "c"], {})], [F32, F32, F32], False, False),
     ("pow", [("Pow", ["a", "b"], {})], [F32, F32], True, False),
     ("clip", [("Clip", ["a", "b", "c"], {})], [F32, F32, F32], False, False),
+    # omitted bounds are the type's finite limits: infinities clamp to them
+    ("clip_no_bounds", [("Clip", ["a"], {})], [F32], False, True),
+    ("clip_min_only", [("Clip", ["a", "b"], {})], [F32, F32], False, True),
+    ("clip_max_only", [("Clip", ["a", "", "b"], {})], [F32, F32], False, True),
+    ("clip_no_bounds_double", [("Clip", ["a"], {})], [np.float64], False, True),
     ("compare_where", [("Less", ["a", "b"], {}), ("Where", ["t0", "a", "b"], {})], [F32, F32], False, True),
     ("logic", [("Greater", ["a", "b"], {}), ("Equal", ["a", "a"], {}), ("And", ["t0", "t1"], {}), ("Not", ["t2"], {}),
                ("Or", ["t3", "t0"], {})], [F32, F32], False, True),
@@ -88,7 +93,7 @@ def _build(case):
         arrays = [np.concatenate([_specials(a.dtype), a]) if a.dtype.kind == "f" else a for a in arrays]
     if chain[0][0] == "Clip":
         # min and max are scalars
-        arrays = [arrays[0], np.array(-1.0, dtype=dts[1]), np.array(2.0, dtype=dts[2])]
+        arrays = [arrays[0]] + [np.array(v, dtype=d) for v, d in zip((-1.0, 2.0), dts[1:])]
     out_dt = prog.dtypes([a.dtype for a in arrays])[prog.outputs[0]]
     g = helper.make_graph(nodes, name, [helper.make_tensor_value_info(n, ONNX_T[a.dtype], list(a.shape)) for n, a in zip(ins, arrays)],
                           [helper.make_tensor_value_info(prog.outputs[0], ONNX_T[out_dt], [len(arrays[0])])])

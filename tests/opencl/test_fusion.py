@@ -224,3 +224,18 @@ def test_mixed_dtype_chains_cast_and_compare():
     for g, w in zip(sess.run(None, feeds), _cpu(model, feeds)):
         assert g.dtype == w.dtype
         np.testing.assert_array_equal(g, w)
+
+
+@pytest.mark.parametrize("inputs", [["x"], ["x", "lo"], ["x", "", "hi"]], ids=["none", "min only", "max only"])
+def test_clip_with_omitted_bounds_clamps_infinities_like_the_cpu_provider(inputs):
+    """An omitted Clip bound is the type's finite limit (the spec's numeric_limits), on
+    the device as on the CPU provider: infinities are clamped, NaN passes through."""
+    from ..cpu.test_clip import clip_model
+
+    model = clip_model(F, inputs)
+    x = np.array([-np.inf, np.inf, np.nan, 0.5, -3.0], np.float32)
+    so = ort.SessionOptions()
+    got = ort.InferenceSession(model, so, providers=[OCL, "CPUExecutionProvider"]).run(None, {"x": x})[0]
+    cpu = ort.InferenceSession(model, so, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    np.testing.assert_array_equal(got, cpu)
+    assert np.isfinite(got[:2]).all()

@@ -156,21 +156,39 @@ def _gelu_xp(xp, a, at):
     return (0.5 * x * (1 + _erf_xp(xp)(x / math.sqrt(2)))).astype(x.dtype)
 
 
+#: the finite limit an omitted Clip bound stands for, per C type computed in (the
+#: spec's numeric_limits::lowest() and max(); half widens to float and keeps its
+#: infinities)
+_CLIP_LIMITS = {"float": float(np.finfo(np.float32).max), "double": float(np.finfo(np.float64).max)}
+
+
 def _clip_c(a, t, at):
     e = a[0]
-    if len(a) > 1 and a[1] is not None:
-        e = f"(({e}) < ({a[1]}) ? ({a[1]}) : ({e}))"
-    if len(a) > 2 and a[2] is not None:
-        e = f"(({e}) > ({a[2]}) ? ({a[2]}) : ({e}))"
+    lo = a[1] if len(a) > 1 else None
+    hi = a[2] if len(a) > 2 else None
+    limit = _CLIP_LIMITS.get(t)
+    if limit is not None:
+        lo = literal(-limit, t) if lo is None else lo
+        hi = literal(limit, t) if hi is None else hi
+    if lo is not None:
+        e = f"(({e}) < ({lo}) ? ({lo}) : ({e}))"
+    if hi is not None:
+        e = f"(({e}) > ({hi}) ? ({hi}) : ({e}))"
     return e
 
 
 def _clip_xp(xp, a, at):
     y = a[0]
-    if len(a) > 1 and a[1] is not None:
-        y = xp.where(y < a[1], a[1], y)
-    if len(a) > 2 and a[2] is not None:
-        y = xp.where(y > a[2], a[2], y)
+    lo = a[1] if len(a) > 1 else None
+    hi = a[2] if len(a) > 2 else None
+    if y.dtype in (np.float32, np.float64):
+        info = np.finfo(y.dtype)
+        lo = y.dtype.type(info.min) if lo is None else lo
+        hi = y.dtype.type(info.max) if hi is None else hi
+    if lo is not None:
+        y = xp.where(y < lo, lo, y)
+    if hi is not None:
+        y = xp.where(y > hi, hi, y)
     return y
 
 

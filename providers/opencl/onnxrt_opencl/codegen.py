@@ -213,6 +213,13 @@ def _clip(a, d, o, at, p):
         lo = p.add(at["min"], o)
     if "max" in at:
         hi = p.add(at["max"], o)
+    if np.dtype(o).kind == "f":
+        # an omitted bound is the type's lowest or largest finite value (the spec's
+        # numeric_limits), so infinities are clamped to it, as on the CPU provider
+        if lo is None:
+            lo = p.add(np.finfo(o).min, o)
+        if hi is None:
+            hi = p.add(np.finfo(o).max, o)
     e = x
     if lo is not None:
         e = f"({e} < {lo} ? {lo} : {e})"

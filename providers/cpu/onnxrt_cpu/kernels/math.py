@@ -479,6 +479,14 @@ def _clip(k, x, lo, hi):
     for name, b in (("min", lo), ("max", hi)):
         if b is not None and np.size(b) != 1:
             raise ValueError(f"{k.node.describe()}: {name} must be a scalar, got shape {np.shape(b)}")
+    if dt.kind == "f" or low:
+        # an omitted bound is the type's lowest or largest finite value (the spec's
+        # numeric_limits::lowest() and max()), so infinities are clamped to it, as
+        # onnxruntime and the fused Conv + Clip do
+        if lo is None:
+            lo = _finite_limit(dt, low=True)
+        if hi is None:
+            hi = _finite_limit(dt, low=False)
 
     def bound(b):
         b = np.asarray(b).reshape(())
@@ -498,6 +506,17 @@ def _clip(k, x, lo, hi):
     if y is x:
         return x.copy()
     return _cast_back(y, dt)
+
+
+def _finite_limit(dt: np.dtype, low: bool) -> np.ndarray:
+    """The lowest (``low``) or largest finite value of float type ``dt``."""
+    try:
+        info = np.finfo(dt)
+    except (TypeError, ValueError):
+        import ml_dtypes  # bfloat16 and the float8 family
+
+        info = ml_dtypes.finfo(dt)
+    return np.asarray(info.min if low else info.max)
 
 
 # -- selection and classification ----------------------------------------------------

@@ -266,14 +266,20 @@ class FeatureVectorizer(Kernel):
         xs = [np.asarray(v) for v in xs if v is not None]
         if not xs:
             raise ValueError(f"{self.node.describe()}: no inputs")
-        dims = self.dims or [v.shape[-1] if v.ndim > 1 else 1 for v in xs]
+        # a 1-D input is one row [1, C], as the spec says; higher ranks are [N, rest]
+        xs = [v.reshape(1, -1) if v.ndim <= 1 else v.reshape(v.shape[0], -1) for v in xs]
+        dims = self.dims or [v.shape[1] for v in xs]
         if len(dims) != len(xs):
             raise ValueError(f"{self.node.describe()}: {len(xs)} inputs but {len(dims)} inputdimensions")
-        n = xs[0].shape[0] if xs[0].ndim > 1 else (1 if xs[0].ndim <= 1 and len(dims) and dims[0] == xs[0].size else xs[0].shape[0])
+        n = xs[0].shape[0]
+        if any(v.shape[0] != n for v in xs):
+            raise ValueError(
+                f"{self.node.describe()}: inputs have different numbers of rows {[v.shape[0] for v in xs]}"
+            )
         out = np.zeros((n, sum(dims)), dtype=np.float32)
         col = 0
         for v, d in zip(xs, dims):
-            v2 = v.reshape(n, -1).astype(np.float32)
+            v2 = v.astype(np.float32, copy=False)
             w = min(d, v2.shape[1])
             out[:, col : col + w] = v2[:, :w]
             col += d

@@ -241,7 +241,12 @@ class TfIdfVectorizer(Kernel):
             self.sorted_ids = np.array(list(self.vocab.values()), dtype=np.int64)[order]
         self.radix = max(len(self.vocab), 1)
 
-        self.tables = {}  # n -> (sorted codes, output coordinate per code) or dict
+        w = a.get("weights")
+        # weights[i] belongs to the i-th pool n-gram: TFIDF sums each n-gram's count times
+        # its own weight into its output coordinate (two n-grams may share one, as
+        # onnxruntime counts them)
+        gram_w = np.asarray(w, dtype=np.float64) if w is not None and len(w) else None
+        self.tables = {}  # n -> (sorted codes, output coordinate per code, weight per code) or dict
         gid = 0
         for i, start in enumerate(counts):
             n = i + 1
@@ -254,19 +259,23 @@ class TfIdfVectorizer(Kernel):
                 mapping = {}
                 for j in range(num):
                     key = tuple(self.vocab[t] for t in grams[j * n : (j + 1) * n])
-                    mapping[self._code(key)] = int(indexes[gid + j])  # a repeated n-gram: last wins
+                    g = gid + j
+                    weight = float(gram_w[g]) if gram_w is not None and g < gram_w.size else 1.0
+                    mapping[self._code(key)] = (int(indexes[g]), weight)  # a repeated n-gram: last wins
                 codes = np.array(list(mapping), dtype=object if self._big(n) else np.int64)
-                outs = np.array(list(mapping.values()), dtype=np.int64)
+                outs = np.array([o for o, _ in mapping.values()], dtype=np.int64)
+                weights = np.array([wt for _, wt in mapping.values()], dtype=np.float64)
                 if codes.dtype != _OBJ:
                     order = np.argsort(codes)
-                    self.tables[n] = (codes[order], outs[order])
+                    self.tables[n] = (codes[order], outs[order], weights[order])
                 else:
                     self.tables[n] = mapping
             gid += num
 
-        w = a.get("weights")
+        # whether two n-grams of the pool share an output coordinate
+        self.shared = gram_w is not None and np.unique(indexes[: min(gid, indexes.size)]).size < min(gid, indexes.size)
         self.weights = None
-        if w is not None and len(w):
+        if gram_w is not None:
             # weights[i] belongs to the i-th pool n-gram, i.e. to output ngram_indexes[i]
             full = np.ones(self.out_size, dtype=np.float32)
             m = min(len(w), indexes.size)
@@ -309,6 +318,10 @@ class TfIdfVectorizer(Kernel):
         tok = self._token_ids(x.reshape(1, -1) if x.ndim == 1 else x)
         rows, cols = tok.shape
         freq = np.zeros(rows * self.out_size, dtype=np.float64)
+        tfidf = self.mode == "TFIDF" and self.weights is not None  # weighted as counted
+        # IDF with weights where n-grams share an output: the weight of the one found
+        # last, scanning by skip, then position, then length, as onnxruntime does
+        idf_found = [] if self.mode == "IDF" and self.shared else None
         row_base = (np.arange(rows, dtype=np.int64) * self.out_size)[:, None]
         for n, table in self.tables.items():
             skips = range(1) if n == 1 else range(self.max_skip + 1)
@@ -324,26 +337,39 @@ class TfIdfVectorizer(Kernel):
                 r_idx, c_idx = np.nonzero(valid)
                 if isinstance(table, dict):
                     keys = [self._code(ids) for ids in zip(*(p[r_idx, c_idx].tolist() for p in parts))]
-                    outs = np.array([table.get(c, -1) for c in keys], dtype=np.int64)
+                    found = [table.get(c, (-1, 0.0)) for c in keys]
+                    outs = np.array([o for o, _ in found], dtype=np.int64)
+                    gram_weights = np.array([wt for _, wt in found], dtype=np.float64)
                 else:
                     code = np.zeros(r_idx.size, dtype=np.int64)
                     for p in reversed(parts):
                         code *= self.radix
                         code += p[r_idx, c_idx]
-                    codes, out_idx = table
+                    codes, out_idx, weight_of = table
                     pos = np.minimum(np.searchsorted(codes, code), codes.size - 1)
                     outs = np.where(codes[pos] == code, out_idx[pos], -1)
+                    gram_weights = weight_of[pos]
                 keep = outs >= 0
                 if keep.any():
                     flat = row_base[r_idx[keep], 0] + outs[keep]
-                    freq += np.bincount(flat, minlength=freq.size)
+                    if idf_found is not None:
+                        idf_found.append((r_idx[keep], c_idx[keep], np.full(flat.size, s), np.full(flat.size, n),
+                                          flat, gram_weights[keep]))
+                    if tfidf:
+                        freq += np.bincount(flat, weights=gram_weights[keep], minlength=freq.size)
+                    else:
+                        freq += np.bincount(flat, minlength=freq.size)
         freq = freq.reshape(rows, self.out_size)
-        if self.mode == "IDF":
+        if idf_found:
+            rows_, starts, skips, sizes, flat, weights = (np.concatenate(a) for a in zip(*idf_found))
+            order = np.lexsort((sizes, starts, skips, rows_))
+            y = np.zeros(rows * self.out_size, np.float32)
+            y[flat[order]] = weights[order]  # repeated outputs: numpy keeps the last value
+            y = y.reshape(rows, self.out_size)
+        elif self.mode == "IDF":
             y = (freq > 0).astype(np.float32)
             if self.weights is not None:
                 y *= self.weights
         else:
             y = freq.astype(np.float32)
-            if self.mode == "TFIDF" and self.weights is not None:
-                y *= self.weights
         return (y[0] if x.ndim == 1 else y,)
