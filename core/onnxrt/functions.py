@@ -118,17 +118,27 @@ def inline_node(graph: Graph, node: Node, fn: FunctionProto, default_opsets: dic
     return new_nodes
 
 
-def _rename_graph(gp: onnx.GraphProto, rn: Callable[[str], str]) -> onnx.GraphProto:
-    """Rename the free (outer-scope) names a function-body subgraph reads."""
+def _rename_graph(gp: onnx.GraphProto, rn: Callable[[str], str], bound: frozenset = frozenset()) -> onnx.GraphProto:
+    """Rename the free (outer-scope) names a function-body subgraph reads, at any depth:
+    a name is left alone where this subgraph or one between it and the function body
+    (``bound``) defines it, else it is the function's and gets renamed."""
     g = onnx.GraphProto()
     g.CopyFrom(gp)
-    local = {vi.name for vi in g.input} | {t.name for t in g.initializer}
+    local = set(bound) | {vi.name for vi in g.input} | {t.name for t in g.initializer}
     for n in g.node:
         local.update(n.output)
+    scope = frozenset(local)
     for n in g.node:
         for k, x in enumerate(n.input):
             if x and x not in local:
                 n.input[k] = rn(x)
+        for a in n.attribute:
+            if a.type == AttributeProto.GRAPH:
+                a.g.CopyFrom(_rename_graph(a.g, rn, scope))
+            elif a.type == AttributeProto.GRAPHS:
+                renamed = [_rename_graph(sub, rn, scope) for sub in a.graphs]
+                del a.graphs[:]
+                a.graphs.extend(renamed)
     for vi in g.output:
         if vi.name not in local:
             vi.name = rn(vi.name)
@@ -147,8 +157,9 @@ def _substitute_attr_refs(proto, attr_values: dict[str, AttributeProto]) -> None
             b.name = a.name
             keep.append(b)
         else:
-            if a.type == AttributeProto.GRAPH:
-                for sn in a.g.node:
+            # attribute references inside subgraphs, at any depth
+            for sub in ([a.g] if a.type == AttributeProto.GRAPH else list(a.graphs)):
+                for sn in sub.node:
                     _substitute_attr_refs(sn, attr_values)
             keep.append(a)
     del proto.attribute[:]

@@ -343,7 +343,9 @@ def _place(v, dev, pre: OrtValue | None, name: str, built, protect: set) -> OrtV
             from .plan import caller_owned
 
             v = caller_owned(v, protect)
-        elif v is not None and not isinstance(v, (list, dict)):
+        elif isinstance(v, list):  # a sequence: its tensors as the caller's own arrays
+            v = [caller_owned(e, protect) if isinstance(e, np.ndarray) else e for e in v]
+        elif v is not None and not isinstance(v, dict):
             v = _device_of(v, built).to_host(v)
         if pre is not None:
             dst = pre.device_array()

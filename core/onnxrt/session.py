@@ -462,18 +462,23 @@ class InferenceSession:
             outs = built.plan.run(feeds, None, ctx)
         if self._profiler:
             self._profiler.session_event("model_run", t0)
-        feed_roots = {id(array_root(v)) for v in feeds.values() if isinstance(v, np.ndarray)}
+        feed_roots = {id(array_root(a)) for v in feeds.values() for a in (v if isinstance(v, list) else [v])
+                      if isinstance(a, np.ndarray)}
         protect = feed_roots | built.const_roots
-        result = []
         seen: set[int] = set()
-        by_name = dict(zip(self._output_names, outs))
-        for n in names:
-            v = by_name[n]
+
+        def owned(v):
+            # tensors, and the tensors of sequences, as the caller's own arrays: never
+            # a feed's, a constant's or another output's memory (a sequence, a new list)
             if isinstance(v, np.ndarray):
                 v = caller_owned(v, protect, seen)
                 seen.add(id(array_root(v)))
-            result.append(v)
-        return result
+            elif isinstance(v, list):
+                v = [owned(e) for e in v]
+            return v
+
+        by_name = dict(zip(self._output_names, outs))
+        return [owned(by_name[n]) for n in names]
 
     def _resolve_outputs(self, output_names) -> list[str]:
         if output_names is None or (isinstance(output_names, (list, tuple)) and len(output_names) == 0):

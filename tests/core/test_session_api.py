@@ -127,6 +127,28 @@ def test_outputs_never_alias_inputs_or_constants():
     np.testing.assert_array_equal(sess.run(None, {"x": x})[1], [1.0, 2.0])
 
 
+def test_sequence_outputs_never_alias_inputs_or_constants():
+    """The tensors of a sequence output are the caller's own too, as onnxruntime's are:
+    a SequenceConstruct of a feed, a constant and the feed again handed out the feed
+    itself (twice) and the session's read-only constant."""
+    c = np.array([1.0, 2.0], np.float32)
+    model = make_model(
+        [helper.make_node("SequenceConstruct", ["x", "c", "x"], ["s"])],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+        [helper.make_tensor_sequence_value_info("s", TensorProto.FLOAT, [2])],
+        [onnx.numpy_helper.from_array(c, "c")],
+    )
+    sess = ort.InferenceSession(model)
+    x = np.array([5.0, 6.0], np.float32)
+    (seq,) = sess.run(None, {"x": x})
+    assert all(t.flags.writeable for t in seq)
+    assert not any(np.shares_memory(x, t) for t in seq) and not np.shares_memory(seq[0], seq[2])
+    for t in seq:
+        t[:] = -1  # must reach neither the feed nor the session's constant
+    np.testing.assert_array_equal(x, [5.0, 6.0])
+    np.testing.assert_array_equal(sess.run(None, {"x": x})[0][1], [1.0, 2.0])
+
+
 def test_outputs_of_constant_nodes_are_fresh_and_writable():
     # without constant folding the value comes from the Constant kernel's own array
     model = make_model(
