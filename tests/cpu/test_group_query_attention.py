@@ -90,6 +90,8 @@ CONFIGS = [
     ("head sink", {}, ("sink",)),
     ("attention bias", {}, ("bias",)),
     ("not causal", {"causal": 0}, ("rotary",)),
+    # onnxruntime's saved optimized models write smooth_softmax -1 for "unset"
+    ("flags as onnxruntime saves them", {"smooth_softmax": -1, "rotary_interleaved": 0, "do_rotary": 1}, ("rotary",)),
     ("everything", {"do_rotary": 1, "local_window_size": 3, "softcap": 5.0}, ("rotary", "sink", "bias")),
 ]
 

@@ -137,9 +137,11 @@ class GroupQueryAttention(Kernel):
             raise ValueError(f"{name}: causal must be 0 or 1, got {self.causal}")
         if not self.causal and self.window > 0:
             raise ValueError(f"{name}: local_window_size must be -1 when causal is 0")
-        self.rotary = bool(a.get("do_rotary", 0))
-        self.interleaved = bool(a.get("rotary_interleaved", 0))
-        self.smooth = bool(a.get("smooth_softmax", 0))
+        # flags are on only at 1, as onnxruntime reads them (its saved models write -1
+        # for smooth_softmax left unset)
+        self.rotary = a.get("do_rotary", 0) == 1
+        self.interleaved = a.get("rotary_interleaved", 0) == 1
+        self.smooth = a.get("smooth_softmax", 0) == 1
         eps = float(a.get("qk_norm_epsilon", 1e-6))
         self.q_eps = float(a.get("q_norm_epsilon", eps))
         self.k_eps = float(a.get("k_norm_epsilon", eps))
