@@ -257,3 +257,16 @@ def test_bad_inputs_get_a_typed_error_naming_them(change, what):
     sess = onnxrt.InferenceSession(model, providers=["CPUExecutionProvider"])
     with pytest.raises(onnxrt.OnnxRtError, match=what):
         sess.run(None, {k: v for k, v in feeds.items() if v is not None})
+
+
+def test_a_huge_total_sequence_length_is_refused_before_allocating():
+    """The caches' length comes from total_sequence_length, a value fed at run time: a
+    huge one is refused by the allocation cap, naming the node, and the session runs on."""
+    rng = np.random.default_rng(9)
+    feeds = _feeds(rng, 1, 1, 2, 1, 16, [2], 2, past=1)
+    sess = onnxrt.InferenceSession(_model(feeds, dict(num_heads=2, kv_num_heads=1)), providers=["CPUExecutionProvider"])
+    given = {k: v for k, v in feeds.items() if v is not None}
+    huge = dict(given, total_sequence_length=np.array(2**31 - 1, np.int32), seqlens_k=np.array([1], np.int32))
+    with pytest.raises(onnxrt.OnnxRtError, match="present_key"):
+        sess.run(None, huge)
+    assert sess.run(None, given)[1].shape == (1, 1, 2, 16)

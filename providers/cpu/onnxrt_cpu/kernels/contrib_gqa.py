@@ -43,6 +43,7 @@ import math
 
 import numpy as np
 from onnxrt.kernel import Kernel
+from onnxrt.limits import check_allocation
 
 from ..registry import op
 
@@ -254,6 +255,8 @@ class GroupQueryAttention(Kernel):
         if self.rotary:
             self._rotate(qk, cos_cache, sin_cache, position_ids, starts, first, b, s, h, name)
 
+        # the cache's length comes from total_sequence_length, a value: checked first
+        check_allocation((2 * b, nkv, cache, h), dt, f"{name} present_key and present_value")
         present_k = np.zeros((b, nkv, cache, h), dt)
         present_v = np.zeros((b, nkv, cache, h), dt)
         if b and min(starts) == max(starts):  # every entry's new rows at the same place
