@@ -15,6 +15,11 @@ and random weights is saved with a word-level tokenizer, and
   the tied embedding table as a GatherBlockQuantized sharing the output layer's
   4-bit weights.
 
+And a ``Gemma2ForCausalLM`` of the same sizes (head size 16, a sliding window of 4
+tokens on its first layer, attention and final logits soft-capped) into
+``gemma2_tiny.onnx``: float32; its first layer's GroupQueryAttention keeps a
+window-sized cache (``sliding_window_cache``: past and present 4 rows long).
+
 Inputs ``input_ids``, ``attention_mask`` and ``past_key_values.{layer}.{key,value}``,
 outputs ``logits`` and ``present.{layer}.{key,value}``: a generation loop feeds the
 presents back as the next step's past. Each model is stored as one file (the
@@ -33,15 +38,24 @@ import onnx
 OUT = Path(__file__).resolve().parent.parent / "tests" / "models" / "data"
 
 
-def save_hf_model(path: Path) -> None:
+SIZES = dict(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
+             num_hidden_layers=2, vocab_size=128, max_position_embeddings=256)
+
+
+def save_hf_model(path: Path, family: str = "llama") -> None:
     import torch
+    import transformers
     from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    from transformers import PreTrainedTokenizerFast
 
     torch.manual_seed(0)
-    cfg = LlamaConfig(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
-                      num_hidden_layers=2, vocab_size=128, max_position_embeddings=256, tie_word_embeddings=True)
-    LlamaForCausalLM(cfg).save_pretrained(path)
+    if family == "llama":
+        model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**SIZES, tie_word_embeddings=True))
+    else:
+        cfg = transformers.Gemma2Config(**SIZES, head_dim=16, sliding_window=4, attn_logit_softcapping=50.0,
+                                        final_logit_softcapping=30.0)
+        model = transformers.Gemma2ForCausalLM(cfg)
+    model.save_pretrained(path)
     # the builder copies a tokenizer beside the model; a word-level one needs no download
     words = Tokenizer(models.WordLevel({f"t{i}": i for i in range(128)}, unk_token="t0"))
     words.pre_tokenizer = pre_tokenizers.Whitespace()
@@ -49,8 +63,8 @@ def save_hf_model(path: Path) -> None:
 
 
 def build(hf: Path, precision: str, work: Path) -> onnx.ModelProto:
-    out = work / precision
-    subprocess.run([sys.executable, "-m", "onnxruntime_genai.models.builder", "-m", "llama_tiny", "-i", str(hf),
+    out = work / f"{hf.name}-{precision}"
+    subprocess.run([sys.executable, "-m", "onnxruntime_genai.models.builder", "-m", hf.name, "-i", str(hf),
                     "-o", str(out), "-p", precision, "-e", "cpu", "-c", str(work / "cache")], check=True)
     return onnx.load(out / "model.onnx")  # reads the weights written beside it
 
@@ -58,9 +72,11 @@ def build(hf: Path, precision: str, work: Path) -> onnx.ModelProto:
 def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        save_hf_model(work / "hf")
-        for precision, name in (("fp32", "llama_tiny.onnx"), ("int4", "llama_tiny_int4.onnx")):
-            model = build(work / "hf", precision, work)
+        save_hf_model(work / "llama", "llama")
+        save_hf_model(work / "gemma2", "gemma2")
+        for family, precision, name in (("llama", "fp32", "llama_tiny.onnx"), ("llama", "int4", "llama_tiny_int4.onnx"),
+                                        ("gemma2", "fp32", "gemma2_tiny.onnx")):
+            model = build(work / family, precision, work)
             onnx.save(model, OUT / name)
             ops = sorted({n.op_type for n in model.graph.node})
             print(f"{name}: {(OUT / name).stat().st_size} bytes, ir_version {model.ir_version}, ops {ops}")

@@ -233,9 +233,8 @@ def test_query_and_key_norms_match_the_model_written_with_simplified_layer_norm(
 
 @pytest.mark.parametrize("attrs,extra,what", [
     ({"k_quant_type": "PER_TENSOR"}, {}, "k_quant_type"),
-    ({"sliding_window_cache": 1, "local_window_size": 2}, {}, "sliding_window_cache"),
     ({}, {"query_seqlens": np.array([2], np.int32)}, "query_seqlens"),
-], ids=["quantized cache", "window cache", "query_seqlens"])
+], ids=["quantized cache", "query_seqlens"])
 def test_unsupported_features_are_refused_by_name(attrs, extra, what):
     rng = np.random.default_rng(7)
     feeds = _feeds(rng, 1, 2, 2, 1, 16, [2], 2) | extra
@@ -270,3 +269,47 @@ def test_a_huge_total_sequence_length_is_refused_before_allocating():
     with pytest.raises(onnxrt.OnnxRtError, match="present_key"):
         sess.run(None, huge)
     assert sess.run(None, given)[1].shape == (1, 1, 2, 16)
+
+
+@pytest.mark.parametrize("capacity,steps", [
+    (3, [2, 1, 1, 1, 1]),  # capacity = window: one row evicted a step once full
+    (6, [5, 1, 1, 1, 1, 1, 1]),  # slack above the window: several rows evicted at once
+    (4, [6, 3, 1, 5]),  # steps longer than the capacity
+], ids=["capacity=window", "slack", "long steps"])
+def test_window_sized_cache(capacity, steps):
+    """``sliding_window_cache=1``: the caches are ``capacity`` rows long and keep the
+    most recent positions in order (the schema's L(T) layout), each step's new keys
+    read with the resident ones; a generation loop over more tokens than the capacity,
+    each engine feeding its own caches back, checked against onnxruntime."""
+    rng = np.random.default_rng(10)
+    b, n, nkv, h, window = 1, 4, 2, 16, 3
+    cos, sin = _caches(rng, h // 2)
+    attrs = dict(num_heads=n, kv_num_heads=nkv, do_rotary=1, local_window_size=window, sliding_window_cache=1,
+                 softcap=5.0)
+    evict = capacity - window + 1
+    state = {e: (np.zeros((b, nkv, capacity, h), np.float32),) * 2 for e in ("onnxrt", "ort")}
+    t = 0
+    for s in steps:
+        t += s
+        base = _feeds(rng, b, s, n, nkv, h, [t], t)
+        base["cos_cache"], base["sin_cache"] = cos, sin
+        results = {}
+        for engine in state:
+            feeds = dict(base, past_key=state[engine][0], past_value=state[engine][1])
+            results[engine] = _run(_model(feeds, attrs), feeds, engine)
+            state[engine] = (results[engine][1], results[engine][2])
+        got, exp = results["onnxrt"], results["ort"]
+        resident = t if t <= capacity else t - evict * -(-(t - capacity) // evict)
+        np.testing.assert_allclose(got[0], exp[0], rtol=2e-5, atol=2e-5)
+        assert got[1].shape == exp[1].shape == (b, nkv, capacity, h)
+        for g, e in zip(got[1:], exp[1:]):  # rows past the resident ones are unspecified
+            np.testing.assert_allclose(g[:, :, :resident], e[:, :, :resident], rtol=1e-6, atol=1e-6)
+
+
+def test_window_sized_cache_below_the_window_is_a_clear_error():
+    rng = np.random.default_rng(11)
+    feeds = _feeds(rng, 1, 1, 2, 1, 16, [1], 1, past=2)
+    sess = onnxrt.InferenceSession(_model(feeds, dict(num_heads=2, kv_num_heads=1, local_window_size=4,
+                                                      sliding_window_cache=1)), providers=["CPUExecutionProvider"])
+    with pytest.raises(onnxrt.OnnxRtError, match="capacity 2 is below local_window_size 4"):
+        sess.run(None, {k: v for k, v in feeds.items() if v is not None})

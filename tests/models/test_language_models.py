@@ -1,5 +1,6 @@
 """Decoder-only language models as onnxruntime's generative-AI model builder writes
-them (``scripts/export_llm_models.py``: a tiny Llama, float32 and 4-bit), run in a
+them (``scripts/export_llm_models.py``: a tiny Llama, float32 and 4-bit, and a tiny
+Gemma 2 with a window-sized cache on one layer and soft-capped logits), run in a
 greedy generation loop on onnxrt and on onnxruntime side by side: a left-padded
 batch of two prompts, then one token a step, each engine feeding its own present
 key/value caches back as the next step's past. Logits agree to 1e-5 and both pick
@@ -23,10 +24,12 @@ DATA = Path(__file__).parent / "data"
 class _Loop:
     """One engine's generation loop: its session, caches, tokens and mask."""
 
-    def __init__(self, session, layers, heads_kv, head_size, ids, mask):
+    def __init__(self, session, layers, heads_kv, head_size, ids, mask, windows=None):
         self.session = session
         b = ids.shape[0]
-        self.past = {f"past_key_values.{i}.{kv}": np.zeros((b, heads_kv, 0, head_size), np.float32)
+        # a layer with a window-sized cache starts from an empty cache of that capacity
+        windows = windows or {}
+        self.past = {f"past_key_values.{i}.{kv}": np.zeros((b, heads_kv, windows.get(i, 0), head_size), np.float32)
                      for i in range(layers) for kv in ("key", "value")}
         self.ids, self.mask = ids, mask
 
@@ -40,6 +43,17 @@ class _Loop:
         self.ids = logits[:, -1].argmax(-1)[:, None].astype(np.int64)
         self.mask = np.concatenate([self.mask, np.ones((self.mask.shape[0], 1), np.int64)], axis=1)
         return logits
+
+
+def _windows(path: Path) -> dict[int, int]:
+    """Layer -> capacity of its window-sized cache (``sliding_window_cache``)."""
+    model = onnx.load(path, load_external_data=False)
+    out = {}
+    for n in model.graph.node:
+        attrs = {a.name: a.i for a in n.attribute if a.type == onnx.AttributeProto.INT}
+        if n.op_type == "GroupQueryAttention" and attrs.get("sliding_window_cache") == 1:
+            out[int(n.input[3].split(".")[1])] = attrs["local_window_size"]
+    return out
 
 
 def _shape(path: Path):
@@ -58,20 +72,24 @@ def _shape(path: Path):
 @pytest.mark.parametrize("name,ops", [
     ("llama_tiny.onnx", {"GroupQueryAttention", "SkipSimplifiedLayerNormalization"}),
     ("llama_tiny_int4.onnx", {"GroupQueryAttention", "MatMulNBits", "GatherBlockQuantized"}),
-], ids=["float32", "int4"])
+    ("gemma2_tiny.onnx", {"GroupQueryAttention", "Gelu"}),
+], ids=["float32", "int4", "sliding window"])
 def test_greedy_generation_matches_onnxruntime_token_for_token(name, ops):
     path = DATA / name
     layers, heads_kv, head_size, present = _shape(path)
     assert ops <= present  # the model holds the ops this test is about
+    windows = _windows(path)
     rng = np.random.default_rng(0)
     ids = rng.integers(3, 128, size=(2, 6)).astype(np.int64)
     mask = np.ones((2, 6), np.int64)
-    mask[1, :2] = 0  # the second prompt is two tokens shorter, padded on the left
+    if not windows:  # onnxruntime's window-sized caches take no padded prompt
+        mask[1, :2] = 0  # the second prompt is two tokens shorter, padded on the left
     ours = _Loop(onnxrt.InferenceSession(str(path), providers=["CPUExecutionProvider"]),
-                 layers, heads_kv, head_size, ids, mask)
+                 layers, heads_kv, head_size, ids, mask, windows)
     theirs = _Loop(ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]),
-                   layers, heads_kv, head_size, ids, mask)
-    for step in range(6):
+                   layers, heads_kv, head_size, ids, mask, windows)
+    # more steps than the window holds: the window-sized cache evicts
+    for step in range(10):
         got, want = ours.step(), theirs.step()
         assert got.shape == want.shape
         # a padded prompt position's logits are unspecified: compare the real tokens

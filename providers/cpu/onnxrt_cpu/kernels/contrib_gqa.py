@@ -29,10 +29,12 @@ Semantics follow onnxruntime's CPU kernel, checked against it case by case
   CPU kernel refuses them; the tests check them against the same model written
   with ``SimplifiedLayerNormalization``).
 
+- ``sliding_window_cache=1``: a window-sized cache whose capacity is past_key's
+  length, laid out as the schema says (:meth:`GroupQueryAttention._sliding`).
+
 Not supported, refused when the session is built: quantized caches (``k_quant_type``
-/``v_quant_type`` other than ``NONE``, ``k_scale``/``v_scale``), window-sized
-caches (``sliding_window_cache``), right-padded query chunks (``query_seqlens``)
-and the ``output_qk`` output (``qk_output``).
+/``v_quant_type`` other than ``NONE``, ``k_scale``/``v_scale``), right-padded query
+chunks (``query_seqlens``) and the ``output_qk`` output (``qk_output``).
 
 float16 and bfloat16 are computed in float32 and rounded once.
 """
@@ -63,8 +65,6 @@ def _refuse(node) -> str | None:
         value = value.decode() if isinstance(value, bytes) else value
         if value != "NONE":
             return f"{name}={value!r} (a quantized key/value cache) is not supported"
-    if a.get("sliding_window_cache", 0):
-        return "sliding_window_cache=1 (a window-sized cache) is not supported"
     if a.get("qk_output", 0):
         return "qk_output (the output_qk output) is not supported"
     given = lambda i: len(node.inputs) > i and bool(node.inputs[i])
@@ -133,6 +133,9 @@ class GroupQueryAttention(Kernel):
         self.scale = float(a.get("scale", 0.0))
         self.softcap = float(a.get("softcap", 0.0))
         self.window = int(a.get("local_window_size", -1))
+        self.sliding = a.get("sliding_window_cache", 0) == 1
+        if self.sliding and self.window <= 0:
+            raise ValueError(f"{name}: sliding_window_cache=1 needs local_window_size > 0")
         self.causal = int(a.get("causal", 1))
         if self.causal not in (0, 1):
             raise ValueError(f"{name}: causal must be 0 or 1, got {self.causal}")
@@ -238,7 +241,7 @@ class GroupQueryAttention(Kernel):
         if b and not first:
             if min(starts) < 0:
                 raise ValueError(f"{name}: seqlens_k + 1 ({lengths}) must be at least the sequence length {s}")
-            if max(starts) > past_len:
+            if max(starts) > past_len and not self.sliding:
                 raise ValueError(
                     f"{name}: seqlens_k ({seqlens_k.tolist()}) needs {max(starts)} cached rows, "
                     f"past_key holds {past_len}"
@@ -254,6 +257,9 @@ class GroupQueryAttention(Kernel):
             _rms(k, _work(k_norm_weight), self.k_eps)
         if self.rotary:
             self._rotate(qk, cos_cache, sin_cache, position_ids, starts, first, b, s, h, name)
+        if self.sliding:
+            return self._sliding(q, k, v, past_key, past_value, lengths, starts, attention_bias, head_sink,
+                                 total, query.dtype)
 
         # the cache's length comes from total_sequence_length, a value: checked first
         check_allocation((2 * b, nkv, cache, h), dt, f"{name} present_key and present_value")
@@ -314,6 +320,85 @@ class GroupQueryAttention(Kernel):
         out = ctx.reshape(b, n, s, h).transpose(0, 2, 1, 3)
 
         odt = query.dtype
+        outs = [out.reshape(b, s, n * h).astype(odt, copy=False)]
+        if self.n_out > 1:
+            outs.append(present_k.astype(odt, copy=False))
+        if self.n_out > 2:
+            outs.append(present_v.astype(odt, copy=False))
+        return tuple(outs)
+
+    def _sliding(self, q, k, v, past_key, past_value, lengths, starts, attention_bias, head_sink, total, odt):
+        """Attention over a window-sized cache (``sliding_window_cache=1``), entry by
+        entry: the cache's capacity ``C`` is past_key's length, and after a step its
+        first ``L(T)`` rows hold the entry's last ``L(T)`` positions, where ``L(T) = T``
+        up to ``C`` and ``T - G * ceil((T - C) / G)`` past it, ``G = C - W + 1`` (the
+        schema's layout: the window stays resident, ``G`` positions are evicted at
+        once). The past's resident rows and the step's new ones are joined first, so a
+        step longer than the free rows still reads every key its window needs."""
+        name = self._name
+        b, s, n, h = q.shape
+        nkv = k.shape[2]
+        w = self.window
+        if past_key is None:
+            raise ValueError(f"{name}: sliding_window_cache=1 needs past_key and past_value (their length is the "
+                             f"cache's capacity)")
+        cap = past_key.shape[2]
+        if cap < w:
+            raise ValueError(f"{name}: the cache's capacity {cap} is below local_window_size {w}")
+        evict = cap - w + 1
+
+        def resident(t):
+            return t if t <= cap else t - evict * -(-(t - cap) // evict)
+
+        dt = q.dtype
+        check_allocation((2 * b, nkv, cap, h), dt, f"{name} present_key and present_value")
+        present_k = np.zeros((b, nkv, cap, h), dt)
+        present_v = np.zeros((b, nkv, cap, h), dt)
+        if attention_bias is not None:
+            ab = attention_bias
+            if ab.ndim != 4 or ab.shape[0] not in (1, b) or ab.shape[1] not in (1, n) or ab.shape[2] != s \
+                    or ab.shape[3] < max(lengths, default=0):
+                raise ValueError(
+                    f"{name}: attention_bias must be (batch or 1, num_heads or 1, {s}, {total}), got {ab.shape}"
+                )
+            attention_bias = _work(ab)
+        sink = None
+        if head_sink is not None:
+            if head_sink.shape != (n,):
+                raise ValueError(f"{name}: head_sink must have shape ({n},), got {head_sink.shape}")
+            sink = _work(head_sink).reshape(n, 1, 1)
+        elif self.smooth:
+            sink = np.zeros((n, 1, 1), dt)
+        scale = dt.type(self.scale if self.scale else 1.0 / math.sqrt(h))
+        groups = n // nkv
+        out = np.empty((b, s, n, h), dt)
+        for i in range(b):
+            t, p = lengths[i], starts[i]
+            kept = resident(p) if p else 0  # past rows 0 .. kept-1: positions p-kept .. p-1
+            base = p - kept
+            keys = np.concatenate([_work(past_key[i, :, :kept]), k[i].transpose(1, 0, 2)], axis=1)
+            vals = np.concatenate([_work(past_value[i, :, :kept]), v[i].transpose(1, 0, 2)], axis=1)
+            span = t - base  # positions base .. t-1; a first prompt's padding rows past t are no keys
+            keys, vals = keys[:, :span], vals[:, :span]
+            qi = q[i].transpose(1, 0, 2).reshape(nkv, groups * s, h)
+            scores = np.matmul(qi, keys.swapaxes(-1, -2)).reshape(n, s, span)
+            scores *= scale
+            if self.softcap > 0:
+                cap_ = dt.type(self.softcap)
+                scores /= cap_
+                np.tanh(scores, out=scores)
+                scores *= cap_
+            if attention_bias is not None:  # its last axis is the absolute key position
+                scores += attention_bias[min(i, attention_bias.shape[0] - 1), :, :, base:t]
+            pos = base + np.arange(span)[None, :]
+            row = p + np.arange(s)[:, None]
+            allowed = (pos <= row) & (pos > row - w)
+            probs = self._softmax(scores, allowed[None], sink)
+            ctx = np.matmul(probs.reshape(nkv, groups * s, span), vals)
+            out[i] = ctx.reshape(n, s, h).transpose(1, 0, 2)
+            size = resident(t)
+            present_k[i, :, :size] = keys[:, span - size :]
+            present_v[i, :, :size] = vals[:, span - size :]
         outs = [out.reshape(b, s, n * h).astype(odt, copy=False)]
         if self.n_out > 1:
             outs.append(present_k.astype(odt, copy=False))
