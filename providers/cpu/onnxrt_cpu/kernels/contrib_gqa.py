@@ -283,6 +283,23 @@ class GroupQueryAttention(Kernel):
                 present_k[i, :, p0 : p0 + rows] = k[i, :rows].transpose(1, 0, 2)
                 present_v[i, :, p0 : p0 + rows] = v[i, :rows].transpose(1, 0, 2)
 
+        bias, sink = self._bias_and_sink(attention_bias, head_sink, b, n, s, lengths, total, dt)
+        groups = n // nkv
+        # every entry at once over the longest entry's keys; an entry's keys past its
+        # own length are left out of its softmax (zeros in the cache, masked here)
+        t = max(lengths, default=0)
+        qb = q.reshape(b, s, nkv, groups, h).transpose(0, 2, 3, 1, 4).reshape(b, nkv, groups * s, h)
+        scores = self._scaled(np.matmul(qb, present_k[:, :, :t].swapaxes(-1, -2)).reshape(b, n, s, t), h)
+        if bias is not None:
+            scores += bias[..., :t]
+        probs = self._softmax(scores, self._allowed(starts, lengths, s, t), sink)
+        ctx = np.matmul(probs.reshape(b, nkv, groups * s, t), present_v[:, :, :t])
+        return self._outputs(ctx.reshape(b, n, s, h).transpose(0, 2, 1, 3), present_k, present_v, query.dtype)
+
+    def _bias_and_sink(self, attention_bias, head_sink, b, n, s, lengths, total, dt):
+        """``attention_bias`` checked and as float, and the extra softmax logit per head
+        (``head_sink``, or zeros for ``smooth_softmax``), or None for either."""
+        name = self._name
         bias = None
         if attention_bias is not None:
             ab = attention_bias
@@ -299,28 +316,24 @@ class GroupQueryAttention(Kernel):
             sink = _work(head_sink).reshape(n, 1, 1)
         elif self.smooth:
             sink = np.zeros((n, 1, 1), dt)
+        return bias, sink
 
-        scale = dt.type(self.scale if self.scale else 1.0 / math.sqrt(h))
-        groups = n // nkv
-        # every entry at once over the longest entry's keys; an entry's keys past its
-        # own length are left out of its softmax (zeros in the cache, masked here)
-        t = max(lengths, default=0)
-        qb = q.reshape(b, s, nkv, groups, h).transpose(0, 2, 3, 1, 4).reshape(b, nkv, groups * s, h)
-        scores = np.matmul(qb, present_k[:, :, :t].swapaxes(-1, -2)).reshape(b, n, s, t)
-        scores *= scale
+    def _scaled(self, scores, h):
+        """The scores scaled (default ``1/sqrt(head_size)``) and soft-capped, in place."""
+        dt = scores.dtype
+        scores *= dt.type(self.scale if self.scale else 1.0 / math.sqrt(h))
         if self.softcap > 0:
             cap = dt.type(self.softcap)
             scores /= cap
             np.tanh(scores, out=scores)
             scores *= cap
-        if bias is not None:
-            scores += bias[..., :t]
-        probs = self._softmax(scores, self._allowed(starts, lengths, s, t), sink)
-        ctx = np.matmul(probs.reshape(b, nkv, groups * s, t), present_v[:, :, :t])
-        out = ctx.reshape(b, n, s, h).transpose(0, 2, 1, 3)
+        return scores
 
-        odt = query.dtype
-        outs = [out.reshape(b, s, n * h).astype(odt, copy=False)]
+    def _outputs(self, out, present_k, present_v, odt):
+        """``(output [B, S, N*H], present_key, present_value)`` in the input's type, as
+        many as the node asks for; ``out`` is ``[B, S, N, H]``."""
+        b, s = out.shape[:2]
+        outs = [out.reshape(b, s, -1).astype(odt, copy=False)]
         if self.n_out > 1:
             outs.append(present_k.astype(odt, copy=False))
         if self.n_out > 2:
@@ -354,22 +367,7 @@ class GroupQueryAttention(Kernel):
         check_allocation((2 * b, nkv, cap, h), dt, f"{name} present_key and present_value")
         present_k = np.zeros((b, nkv, cap, h), dt)
         present_v = np.zeros((b, nkv, cap, h), dt)
-        if attention_bias is not None:
-            ab = attention_bias
-            if ab.ndim != 4 or ab.shape[0] not in (1, b) or ab.shape[1] not in (1, n) or ab.shape[2] != s \
-                    or ab.shape[3] < max(lengths, default=0):
-                raise ValueError(
-                    f"{name}: attention_bias must be (batch or 1, num_heads or 1, {s}, {total}), got {ab.shape}"
-                )
-            attention_bias = _work(ab)
-        sink = None
-        if head_sink is not None:
-            if head_sink.shape != (n,):
-                raise ValueError(f"{name}: head_sink must have shape ({n},), got {head_sink.shape}")
-            sink = _work(head_sink).reshape(n, 1, 1)
-        elif self.smooth:
-            sink = np.zeros((n, 1, 1), dt)
-        scale = dt.type(self.scale if self.scale else 1.0 / math.sqrt(h))
+        bias, sink = self._bias_and_sink(attention_bias, head_sink, b, n, s, lengths, total, dt)
         groups = n // nkv
         out = np.empty((b, s, n, h), dt)
         for i in range(b):
@@ -381,15 +379,9 @@ class GroupQueryAttention(Kernel):
             span = t - base  # positions base .. t-1; a first prompt's padding rows past t are no keys
             keys, vals = keys[:, :span], vals[:, :span]
             qi = q[i].transpose(1, 0, 2).reshape(nkv, groups * s, h)
-            scores = np.matmul(qi, keys.swapaxes(-1, -2)).reshape(n, s, span)
-            scores *= scale
-            if self.softcap > 0:
-                cap_ = dt.type(self.softcap)
-                scores /= cap_
-                np.tanh(scores, out=scores)
-                scores *= cap_
-            if attention_bias is not None:  # its last axis is the absolute key position
-                scores += attention_bias[min(i, attention_bias.shape[0] - 1), :, :, base:t]
+            scores = self._scaled(np.matmul(qi, keys.swapaxes(-1, -2)).reshape(n, s, span), h)
+            if bias is not None:  # its last axis is the absolute key position
+                scores += bias[min(i, bias.shape[0] - 1), :, :, base:t]
             pos = base + np.arange(span)[None, :]
             row = p + np.arange(s)[:, None]
             allowed = (pos <= row) & (pos > row - w)
@@ -399,12 +391,7 @@ class GroupQueryAttention(Kernel):
             size = resident(t)
             present_k[i, :, :size] = keys[:, span - size :]
             present_v[i, :, :size] = vals[:, span - size :]
-        outs = [out.reshape(b, s, n * h).astype(odt, copy=False)]
-        if self.n_out > 1:
-            outs.append(present_k.astype(odt, copy=False))
-        if self.n_out > 2:
-            outs.append(present_v.astype(odt, copy=False))
-        return tuple(outs)
+        return self._outputs(out, present_k, present_v, odt)
 
     def _rotate(self, qk, cos_cache, sin_cache, position_ids, starts, first, b, s, h, name):
         """Rotate Q and K (``qk`` ``[B, S, heads, H]``) in place at their positions."""
