@@ -77,6 +77,26 @@ class _PoolBase(Kernel):
         return kernel, strides, dil, pb, pe, extra, out_sp
 
 
+def _trim_taps(in_sp, kernel, strides, dil, pb, out_sp):
+    """``(kernel, pads before)`` without the taps that fall in the padding for every
+    output along their axis: they add only the reduction's identity, and a window far
+    larger than its input (a pooler's 640 x 640 kernel over a 2 x 2 map) would
+    otherwise be padded out whole, 1 GB for 640 channels. The window is cut to the
+    first through last tap that reaches the input for some output."""
+    ks, ps = list(kernel), list(pb)
+    for a, (n, k, s, d, p, o) in enumerate(zip(in_sp, kernel, strides, dil, pb, out_sp)):
+        if k == 1 or o == 0:
+            continue
+        off = np.arange(k) * d - p  # input index of each tap for output 0
+        first = np.maximum(0, -(off // s))  # first output whose index is >= 0 ...
+        last = np.minimum(o - 1, np.where(n - 1 - off >= 0, (n - 1 - off) // s, -1))  # ... and the last < n
+        hits = np.flatnonzero(first <= last)
+        if hits.size and (hits[0] > 0 or hits[-1] < k - 1):
+            ks[a] = int(hits[-1] - hits[0] + 1)
+            ps[a] = p - int(hits[0]) * d
+    return tuple(ks), tuple(ps)
+
+
 def _reduce_taps(x, kernel, strides, dil, pb, out_sp, ufunc, fill):
     """``ufunc``-reduce the taps of every window of ``x`` padded by ``pb`` before each
     spatial axis with ``fill`` (and as far as the windows reach after it).
@@ -89,6 +109,7 @@ def _reduce_taps(x, kernel, strides, dil, pb, out_sp, ufunc, fill):
     reduction's identity: -inf or the lowest integer for max, 0 for a sum).
     """
     nd = len(kernel)
+    kernel, pb = _trim_taps(x.shape[x.ndim - nd :], kernel, strides, dil, pb, out_sp)
     if max(kernel) > _MAX_TAPS:
         pe = [max(0, (out_sp[i] - 1) * strides[i] + (kernel[i] - 1) * dil[i] + 1 - pb[i] - x.shape[x.ndim - nd + i])
               for i in range(nd)]
