@@ -179,10 +179,10 @@ def _scores(view: GraphView, name: str):
         y = n.inputs[0] if n.op_type == "Div" else None
         if n.op_type == "Mul":
             for a, b in (n.inputs, n.inputs[::-1]):
-                if view.scalar(b) is not None:
+                if view.scalar(b, operand=a) is not None:
                     y = a
                     break
-        c = view.scalar(other_input(n, y) or "") if y else None
+        c = view.scalar(other_input(n, y) or "", operand=y) if y else None
         if c is None or c == 0.0 or n.inputs.count(y) != 1:
             return None
         scale = c if n.op_type == "Mul" else 1.0 / c

@@ -235,6 +235,25 @@ def shape_folding(graph, ctx) -> bool:
     return changed
 
 
+def _slice_range(start: int, end: int, step: int, n: int) -> np.ndarray:
+    """The indices ONNX Slice takes from an axis of length ``n``: negative bounds count
+    from the end, then clamp to ``[0, n]`` (``[-1, n - 1]`` for a negative step), which
+    a Python slice does not; an end of INT32_MAX or INT64_MAX means "to the last end"
+    whatever the step's sign (``[-1:INT64_MAX:-1]`` takes the whole axis backwards), as
+    the Slice kernels read it."""
+    if start < 0:
+        start += n
+    if end in (2**31 - 1, 2**63 - 1):
+        end = -1 if step < 0 else n
+    elif end < 0:
+        end += n
+    if step > 0:
+        start, end = min(max(start, 0), n), min(max(end, 0), n)
+    else:
+        start, end = min(max(start, 0), n - 1), min(max(end, -1), n - 1)
+    return np.arange(start, end, step)
+
+
 def _picked_dims(graph, node, dims: list) -> np.ndarray | None:
     """What a Gather or Slice with constant indices computes from a ``Shape`` output
     whose dimensions are ``dims`` (ints where static), when every dimension it picks is
@@ -264,8 +283,7 @@ def _picked_dims(graph, node, dims: list) -> np.ndarray | None:
             if starts.size != 1:
                 return None
             step = int(steps[0]) if steps is not None else 1
-            # Slice clamps its bounds, as a Python slice does (INT64_MAX ends included)
-            picked = idx[int(starts[0]) : int(ends[0]) : step]
+            picked = idx[_slice_range(int(starts[0]), int(ends[0]), step, len(dims))]
     except IndexError:
         return None  # the run reports it
     static = np.array([isinstance(d, int) for d in dims], dtype=bool)

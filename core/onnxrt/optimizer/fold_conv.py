@@ -73,7 +73,9 @@ def _per_channel(view: GraphView, name: str, m: int, rank: int) -> np.ndarray | 
     """``name`` as a length-``m`` vector if it is a constant varying only along axis 1
     of a rank-``rank`` tensor (or a single value)."""
     c = view.const(name)
-    if c is None or c.dtype.kind != "f" or c.ndim > rank:
+    # an infinite or NaN factor folded into the weights sums inf and -inf products to NaN
+    # where the unfolded graph gives an infinity: left unfolded
+    if c is None or c.dtype.kind != "f" or c.ndim > rank or not np.isfinite(c).all():
         return None
     shape = (1,) * (rank - c.ndim) + c.shape
     if any(d != 1 for i, d in enumerate(shape) if i != 1) or shape[1] not in (1, m):
@@ -96,7 +98,10 @@ def conv_bn_fusion(graph, ctx) -> bool:
         if any(p is None or p.shape != (m,) or p.dtype.kind != "f" for p in params):
             continue
         scale, beta, mean, var = (p.astype(np.float64) for p in params)
-        f = scale / np.sqrt(var + float(bn.attr("epsilon", 1e-5)))
+        with np.errstate(all="ignore"):
+            f = scale / np.sqrt(var + float(bn.attr("epsilon", 1e-5)))
+        if not (np.isfinite(f).all() and np.isfinite(beta).all() and np.isfinite(mean).all()):
+            continue  # a factor that is not finite (a zero or negative variance): left unfolded
         w2 = w.astype(np.float64) * f.reshape((m,) + (1,) * (w.ndim - 1))
         b2 = (b.astype(np.float64) - mean) * f + beta
         view.replace([conv, bn], [_rewritten_conv(view, conv, w2, b2, w.dtype, bn.outputs[0])])

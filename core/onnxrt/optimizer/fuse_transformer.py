@@ -62,9 +62,9 @@ def scaled_by(view: GraphView, node, op_type: str, value: float) -> str | None:
     if node is None or node.op_type != op_type or node.domain != "" or len(node.inputs) != 2:
         return None
     a, b = node.inputs
-    if view.is_scalar(b, value) and view.const(a) is None:
+    if view.is_scalar(b, value, operand=a) and view.const(a) is None:
         return a
-    if op_type in ("Mul", "Add") and view.is_scalar(a, value) and view.const(b) is None:
+    if op_type in ("Mul", "Add") and view.is_scalar(a, value, operand=b) and view.const(b) is None:
         return b
     return None
 
@@ -79,7 +79,7 @@ def _half_x_times(view: GraphView, value: str, x: str):
         m2 = view.only_reader(m.outputs[0], "Mul")
         if m2 is not None and scaled_by(view, m2, "Mul", 0.5) == m.outputs[0]:
             return [m, m2], m2.outputs[0]
-    elif o is not None and view.is_scalar(o, 0.5):
+    elif o is not None and view.is_scalar(o, 0.5, operand=value):
         m2 = view.only_reader(m.outputs[0], "Mul")
         if m2 is not None and other_input(m2, m.outputs[0]) == x:
             return [m, m2], m2.outputs[0]
@@ -119,7 +119,7 @@ def _cube_of(view: GraphView, name: str, x: str):
     n = view.producer(name)
     if n is None or n.domain != "":
         return None
-    if n.op_type == "Pow" and n.inputs[0] == x and view.is_scalar(n.inputs[1], 3.0):
+    if n.op_type == "Pow" and n.inputs[0] == x and view.is_scalar(n.inputs[1], 3.0, operand=x):
         return [n]
     if n.op_type == "Mul" and x in n.inputs:
         sq = view.producer(other_input(n, x) or "", "Mul")
@@ -174,7 +174,7 @@ def quick_gelu_fusion(graph, ctx) -> bool:
         found = None
         if scale is not None and len(scale.inputs) == 2:
             for x, c in (scale.inputs, scale.inputs[::-1]):
-                alpha = view.scalar(c)
+                alpha = view.scalar(c, operand=x)
                 if alpha is not None and view.const(x) is None and other == x:
                     found = x, alpha, [scale]
                     break
@@ -236,7 +236,7 @@ def _eps_sqrt(view: GraphView, var: str):
     if add is None:
         return None
     eps_name = other_input(add, var)
-    eps = view.scalar(eps_name) if eps_name else None
+    eps = view.scalar(eps_name, operand=var) if eps_name else None
     if eps is None:
         return None
     sq = view.only_reader(add.outputs[0], "Sqrt")
@@ -298,7 +298,7 @@ def layer_norm_fusion(graph, ctx) -> bool:
         if len(readers) != 2 or dev in view.outputs:
             continue
         sq = next((r for r in readers if r.op_type == "Pow" and r.inputs[0] == dev
-                   and view.is_scalar(r.inputs[1], 2.0)), None)
+                   and view.is_scalar(r.inputs[1], 2.0, operand=dev)), None)
         sq = sq or next((r for r in readers if r.op_type == "Mul" and r.inputs == [dev, dev]), None)
         div = next((r for r in readers if r.op_type == "Div" and r.inputs[0] == dev), None)
         if sq is None or div is None or not view.free(sq) or not view.free(div):
@@ -337,7 +337,7 @@ def simplified_layer_norm_fusion(graph, ctx) -> bool:
             continue
         x = sq.inputs[0] if sq.inputs else ""
         if sq.op_type == "Pow":
-            if not view.is_scalar(sq.inputs[1], 2.0):
+            if not view.is_scalar(sq.inputs[1], 2.0, operand=x):
                 continue
         elif not (sq.op_type == "Mul" and sq.inputs == [x, x]):
             continue
@@ -360,7 +360,7 @@ def simplified_layer_norm_fusion(graph, ctx) -> bool:
             rec = view.only_reader(std)
             if rec is not None and not (
                     (rec.op_type == "Reciprocal" and rec.domain == "")
-                    or (rec.op_type == "Div" and rec.inputs[1] == std and view.is_scalar(rec.inputs[0], 1.0))):
+                    or (rec.op_type == "Div" and rec.inputs[1] == std and view.is_scalar(rec.inputs[0], 1.0, operand=std))):
                 rec = None
             mul = view.only_reader(rec.outputs[0], "Mul") if rec is not None else None
             if mul is None or other_input(mul, rec.outputs[0]) != x:

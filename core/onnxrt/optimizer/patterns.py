@@ -58,17 +58,29 @@ class GraphView:
             return None
         return self.graph.initializers.get(name)
 
-    def scalar(self, name: str) -> float | None:
-        """A constant holding exactly one number, as a float."""
+    def scalar(self, name: str, operand: str | None = None) -> float | None:
+        """A constant holding exactly one number, as a float. One of rank 2 or more is
+        taken only where it cannot raise the rank of what it broadcasts with: when
+        ``operand``'s rank is known and at least its own (a ``[1, 1, 1, 1, 1]``
+        factor makes a rank-4 value rank 5, which a fused op would not)."""
         c = self.const(name)
         if c is None or c.size != 1 or c.dtype.kind not in "fiu":
             return None
+        if c.ndim > 1 and (operand is None or (self.rank(operand) or 0) < c.ndim):
+            return None
         return float(c.reshape(-1)[0])
 
-    def is_scalar(self, name: str, value: float, rtol: float = 1e-4) -> bool:
-        """Whether ``name`` is a one-element constant close to ``value``."""
-        v = self.scalar(name)
-        return v is not None and abs(v - value) <= rtol * max(abs(value), 1e-6)
+    def is_scalar(self, name: str, value: float, rtol: float = 1e-4, operand: str | None = None) -> bool:
+        """Whether ``name`` is a one-element constant equal to ``value``: exactly for a
+        value float32 holds exactly and a pattern means exactly (the 2 of a square, the
+        1 of ``1 + erf``, a half), within ``rtol`` for the others (``sqrt(2)``,
+        ``0.044715``), which exporters write to varying precision."""
+        v = self.scalar(name, operand)
+        if v is None:
+            return False
+        if float(np.float32(value)) == value and (value * 2).is_integer():
+            return v == value
+        return abs(v - value) <= rtol * max(abs(value), 1e-6)
 
     def free(self, node) -> bool:
         """Whether ``node`` may still be matched in this scan."""

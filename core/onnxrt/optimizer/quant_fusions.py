@@ -285,7 +285,9 @@ def qdq_gemm_fusion(graph, ctx) -> bool:
             continue
         n = bq.shape[0] if int(gemm.attr("transB", 0)) else bq.shape[1]
         c = gemm.inputs[2] if len(gemm.inputs) > 2 else ""
-        if c and not _bias_fits(view, c, p, a, b, n):
+        # QGemm scales the int32 bias with the product (alpha * (A B + C)): a bias
+        # joins only at alpha 1, where Gemm's alpha A B + C is the same
+        if c and (float(gemm.attr("alpha", 1.0)) != 1.0 or not _bias_fits(view, c, p, a, b, n)):
             continue
         y = _q_after(view, gemm.outputs[0], p)
         if y is not None and _int_type(view, y) is None:
@@ -357,6 +359,10 @@ def qdq_drop_fusion(graph, ctx) -> bool:
         p = node.provider
         x = _dq(view, node.inputs[0], p)
         if x is None or not x.per_tensor or _int_type(view, x) is None:
+            continue
+        # MaxPool picks the largest integer, the largest value only where the scale is
+        # positive (a negative one orders them the other way)
+        if node.op_type == "MaxPool" and not float(x.scale_value.reshape(())) > 0:
             continue
         if any(i == node.inputs[0] for i in node.inputs[1:]):
             continue

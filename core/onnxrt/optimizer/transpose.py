@@ -74,6 +74,10 @@ def transpose_matmul_fusion(graph, ctx) -> bool:
             continue
         if mm.attr("transBatchA", 0) or mm.attr("transBatchB", 0):
             continue
+        # both operands at least 2-D: onnxruntime's FusedMatMul reads a 1-D operand of a
+        # transposed product wrongly, and the saved optimized model must run there
+        if any((view.rank(v) or 0) < 2 for v in mm.inputs):
+            continue
         inputs, old, changes = list(mm.inputs), [mm], {}
         for i, key in ((0, "transA"), (1, "transB")):
             t = view.producer(inputs[i], "Transpose")
@@ -114,5 +118,9 @@ def matmul_scale_fusion(graph, ctx) -> bool:
             continue
         factor = v if s.op_type == "Mul" else 1.0 / v
         alpha = float(mm.attr("alpha", 1.0)) * factor
+        # the fused product scales as it multiplies: a factor near float32's range ends
+        # (or past it: x / 1e-39) would overflow where the product then scaled does not
+        if not 2.0**-64 <= abs(alpha) <= 2.0**64:
+            continue
         view.replace([mm, s], [_fused_from(view, mm, mm.inputs, s.outputs, alpha=alpha)])
     return view.finish()
