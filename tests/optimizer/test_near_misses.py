@@ -138,3 +138,41 @@ def test_qdq_max_pool_with_a_negative_scale_stays_unfused():
     inits = {"s": np.float32(-0.1), "z": np.int8(0)}
     x = np.array([[[[1.0, -1.5], [0.2, 0.7]]]], np.float32)
     _same_at_every_level(_model(nodes, [("x", F, [1, 1, 2, 2])], inits, opset=13), {"x": x})
+
+
+def _saved_runs_on_onnxruntime(model, feeds, tmp_path):
+    ort = pytest.importorskip("onnxruntime")
+    so = onnxrt.SessionOptions()
+    so.graph_optimization_level = onnxrt.GraphOptimizationLevel.ORT_ENABLE_ALL
+    so.optimized_model_filepath = str(tmp_path / "saved.onnx")
+    ours = onnxrt.InferenceSession(model, so, providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    theirs = ort.InferenceSession(str(tmp_path / "saved.onnx"), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    np.testing.assert_allclose(theirs.astype(np.float64), ours.astype(np.float64), rtol=1e-5, atol=1e-5)
+
+
+def test_saved_qdq_products_use_type_pairs_onnxruntime_has(tmp_path):
+    """int8 activations with uint8 weights: no QLinearMatMul in the saved model, which
+    onnxruntime could not load."""
+    nodes = [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["xq"]),
+             helper.make_node("DequantizeLinear", ["xq", "s", "z"], ["xd"]),
+             helper.make_node("DequantizeLinear", ["w", "ws", "wz"], ["wd"]),
+             helper.make_node("MatMul", ["xd", "wd"], ["p"]),
+             helper.make_node("QuantizeLinear", ["p", "ys", "z"], ["y"])]
+    inits = {"s": np.float32(0.05), "z": np.int8(0), "ws": np.float32(0.01), "wz": np.uint8(128), "ys": np.float32(0.02),
+             "w": np.random.default_rng(1).integers(0, 255, (3, 2)).astype(np.uint8)}
+    _saved_runs_on_onnxruntime(_model(nodes, [("x", F, [2, 3])], inits, opset=13), {"x": X23}, tmp_path)
+
+
+def test_saved_skip_layer_norm_has_no_negative_epsilon(tmp_path):
+    """A decomposed layer norm with a negative epsilon stays decomposed: onnxruntime's
+    SkipLayerNormalization refuses one."""
+    nodes = [helper.make_node("Add", ["x", "s"], ["a"]),
+             helper.make_node("ReduceMean", ["a"], ["mu"], axes=[-1]), helper.make_node("Sub", ["a", "mu"], ["d"]),
+             helper.make_node("Mul", ["d", "d"], ["q"]), helper.make_node("ReduceMean", ["q"], ["v"], axes=[-1]),
+             helper.make_node("Add", ["v", "eps"], ["ve"]), helper.make_node("Sqrt", ["ve"], ["sd"]),
+             helper.make_node("Div", ["d", "sd"], ["n"]), helper.make_node("Mul", ["n", "g"], ["ng"]),
+             helper.make_node("Add", ["ng", "b"], ["y"])]
+    x = np.array([[3.0, -1.0, 2.0, 0.5], [1.0, 2.0, -2.0, 4.0]], np.float32)
+    inits = {"s": np.ones((2, 4), np.float32), "eps": np.float32(-0.5), "g": np.ones(4, np.float32),
+             "b": np.zeros(4, np.float32)}
+    _saved_runs_on_onnxruntime(_model(nodes, [("x", F, [2, 4])], inits), {"x": x}, tmp_path)

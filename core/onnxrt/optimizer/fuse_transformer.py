@@ -237,7 +237,7 @@ def _eps_sqrt(view: GraphView, var: str):
         return None
     eps_name = other_input(add, var)
     eps = view.scalar(eps_name, operand=var) if eps_name else None
-    if eps is None:
+    if eps is None or eps < 0:  # onnxruntime's normalizations refuse a negative epsilon
         return None
     sq = view.only_reader(add.outputs[0], "Sqrt")
     if sq is None:

@@ -195,6 +195,12 @@ def _io_ok(view: GraphView, *qs: _Quant) -> bool:
     return all(q is not None and _int_type(view, q) is not None for q in qs)
 
 
+def _pair_ok(view: GraphView, x: _Quant, w: _Quant) -> bool:
+    """Whether onnxruntime has the 8-bit product of activations ``x`` and weights ``w``
+    (all but int8 activations with uint8 weights), so a saved optimized model runs there."""
+    return not (_int_type(view, x) == np.int8 and _int_type(view, w) == np.uint8)
+
+
 # -- QDQ node units ---------------------------------------------------------------------
 
 
@@ -208,7 +214,7 @@ def qdq_conv_fusion(graph, ctx) -> bool:
         x = _dq(view, conv.inputs[0], p)
         w = _dq(view, conv.inputs[1], p)
         y = _q_after(view, conv.outputs[0], p)
-        if not _io_ok(view, x, w, y) or not x.per_tensor:
+        if not _io_ok(view, x, w, y) or not x.per_tensor or not _pair_ok(view, x, w):
             continue
         wq = view.const(w.value)
         if wq is None or wq.ndim < 3:
@@ -249,7 +255,7 @@ def qdq_matmul_fusion(graph, ctx) -> bool:
         p = mm.provider
         a = _dq(view, mm.inputs[0], p)
         b = _dq(view, mm.inputs[1], p)
-        if not _io_ok(view, a, b) or not a.per_tensor:
+        if not _io_ok(view, a, b) or not a.per_tensor or not _pair_ok(view, a, b):
             continue
         y = _q_after(view, mm.outputs[0], p)
         if y is not None and _int_type(view, y) is not None and b.per_tensor:
@@ -278,7 +284,7 @@ def qdq_gemm_fusion(graph, ctx) -> bool:
         p = gemm.provider
         a = _dq(view, gemm.inputs[0], p)
         b = _dq(view, gemm.inputs[1], p)
-        if not _io_ok(view, a, b) or not (a.per_tensor and b.per_tensor):
+        if not _io_ok(view, a, b) or not (a.per_tensor and b.per_tensor) or not _pair_ok(view, a, b):
             continue
         bq = view.const(b.value)
         if bq is None or bq.ndim != 2:
@@ -320,8 +326,8 @@ def qdq_binary_fusion(graph, ctx) -> bool:
         y = _q_after(view, node.outputs[0], p)
         if not _io_ok(view, a, b, y) or not (a.per_tensor and b.per_tensor):
             continue
-        if _int_type(view, a) != _int_type(view, b):
-            continue
+        if not _int_type(view, a) == _int_type(view, b) == _int_type(view, y):
+            continue  # one 8-bit type throughout, as onnxruntime's QLinearAdd/Mul take
         azp, bzp, yzp = (_zp_input(view, q, node.name) for q in (a, b, y))
         fused = view.make_node("QLinear" + node.op_type, [a.value, a.scale, azp, b.value, b.scale, bzp, y.scale, yzp],
                                [y.value], node.name, domain=MS_DOMAIN)
