@@ -8,6 +8,8 @@ providers in priority order, run the provider-specific transforms, build kernels
 
 from __future__ import annotations
 
+import copy
+
 import logging
 import math
 import os
@@ -111,12 +113,19 @@ class InferenceSession:
         provider_options: Sequence[dict] | None = None,
         **kwargs,
     ):
+        disabled = kwargs.pop("disabled_optimizers", None)
         if kwargs:
             unknown = ", ".join(sorted(kwargs))
             raise InvalidArgument(f"unknown InferenceSession argument(s): {unknown}")
         if sess_options is not None and not isinstance(sess_options, SessionOptions):
             raise InvalidArgument(f"sess_options must be a SessionOptions, not {type(sess_options).__name__}")
         self._sess_options = sess_options or SessionOptions()
+        if disabled is not None:
+            # onnxruntime's keyword: on a copy of the options, never the caller's
+            if isinstance(disabled, str) or not all(isinstance(d, str) for d in disabled):
+                raise InvalidArgument("disabled_optimizers must be a list of transform names")
+            self._sess_options = copy.copy(self._sess_options)
+            self._sess_options.disabled_optimizers = list(self._sess_options.disabled_optimizers) + list(disabled)
         self._model_path = path_or_bytes if isinstance(path_or_bytes, str) else None
         from .profiling import Profiler
 
@@ -163,7 +172,21 @@ class InferenceSession:
             for name, a in self._weights.items() if name not in declared
         )
         try:
-            return onnx.shape_inference.infer_shapes(light, check_type=False, strict_mode=False)
+            typed = onnx.shape_inference.infer_shapes(light, check_type=False, strict_mode=False)
+            if light.graph.value_info:
+                # The model's own value_info can be stale (a shape that passes the checker
+                # but is not what the graph computes), and fusions and folds act on types:
+                # what inference computes from the graph alone wins, the declared types
+                # fill in only where it computes nothing (after ops it does not know)
+                bare = ModelProto()
+                bare.CopyFrom(light)
+                del bare.graph.value_info[:]
+                computed = {vi.name: vi for vi in
+                            onnx.shape_inference.infer_shapes(bare, check_type=False, strict_mode=False).graph.value_info}
+                merged = [computed.pop(vi.name, vi) for vi in typed.graph.value_info] + list(computed.values())
+                del typed.graph.value_info[:]
+                typed.graph.value_info.extend(merged)
+            return typed
         except Exception as e:  # noqa: BLE001 - types help, but are optional
             logger.info("shape inference failed (%s); continuing without inferred types", e)
             return light

@@ -246,6 +246,26 @@ def test_disabled_optimizers_must_exist(mlp_model):
     so.disabled_optimizers = ["no_such_transform"]
     with pytest.raises(ort.InvalidArgument, match="no_such_transform"):
         ort.InferenceSession(mlp_model, so)
+    with pytest.raises(ort.InvalidArgument, match="no_such_transform"):
+        ort.InferenceSession(mlp_model, disabled_optimizers=["no_such_transform"])
+
+
+def test_disabled_optimizers_as_onnxruntimes_keyword_leave_the_options_alone():
+    """``InferenceSession(..., disabled_optimizers=[...])`` as onnxruntime spells it: the
+    named transforms do not run, and the caller's SessionOptions are not changed."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])
+    model = make_model([helper.make_node("MatMul", ["x", "w"], ["m"]), helper.make_node("Add", ["m", "b"], ["y"])],
+                       [x], [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 2])],
+                       [onnx.numpy_helper.from_array(np.ones((3, 2), np.float32), "w"),
+                        onnx.numpy_helper.from_array(np.ones(2, np.float32), "b")])
+    so = ort.SessionOptions()
+    fused = ort.InferenceSession(model, so)
+    kept = ort.InferenceSession(model, so, disabled_optimizers=["matmul_add_fusion"])
+    assert so.disabled_optimizers == []
+    assert "Gemm" in {n.op_type for n in fused._built.graph.nodes}
+    assert {n.op_type for n in kept._built.graph.nodes} == {"MatMul", "Add"}
+    feeds = {"x": np.arange(6, dtype=np.float32).reshape(2, 3)}
+    np.testing.assert_allclose(kept.run(None, feeds)[0], fused.run(None, feeds)[0])
 
 
 def test_constant_folding_runs_constant_subgraphs():

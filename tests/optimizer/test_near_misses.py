@@ -176,3 +176,19 @@ def test_saved_skip_layer_norm_has_no_negative_epsilon(tmp_path):
     inits = {"s": np.ones((2, 4), np.float32), "eps": np.float32(-0.5), "g": np.ones(4, np.float32),
              "b": np.zeros(4, np.float32)}
     _saved_runs_on_onnxruntime(_model(nodes, [("x", F, [2, 4])], inits), {"x": x}, tmp_path)
+
+
+def test_a_stale_declared_shape_does_not_drive_the_optimizer():
+    """value_info declaring Reshape's [3, 2] output as [2, 3] (the checker passes it):
+    the Reshape looked like a no-op and Shape(y) folded to [2, 3]; the shapes inference
+    computes from the graph win over declared ones."""
+    nodes = [helper.make_node("Reshape", ["x", "t"], ["r"]), helper.make_node("Shape", ["r"], ["s"]),
+             helper.make_node("Cast", ["s"], ["y"], to=F)]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", F, [2, 3])],
+                              [helper.make_tensor_value_info("y", F, None)],
+                              [numpy_helper.from_array(np.array([3, 2], np.int64), "t")],
+                              value_info=[helper.make_tensor_value_info("r", F, [2, 3])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8).SerializeToString()
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    _same_at_every_level(model, {"x": x})
+    assert _run(model, {"x": x}, onnxrt.GraphOptimizationLevel.ORT_ENABLE_ALL).tolist() == [3.0, 2.0]
