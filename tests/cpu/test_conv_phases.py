@@ -16,12 +16,14 @@ from onnxrt_cpu.kernels import conv
 rt = pytest.importorskip("onnxruntime")
 
 
-def _conv_model(x_shape, w_shape, *, strides, pads, dilations=None, bias="constant", relu=False, residual=None):
+def _conv_model(x_shape, w_shape, *, strides, pads, dilations=None, bias="constant", relu=False, residual=None,
+                w_std=1.0):
     """A Conv (optionally + a residual input ``z`` and a Relu) with a constant weight
-    and a bias that is a constant, a graph input ("input") or absent (None)."""
+    (standard deviation ``w_std``) and a bias that is a constant, a graph input
+    ("input") or absent (None)."""
     rng = np.random.default_rng(7)
     nd = len(x_shape) - 2
-    inits = [numpy_helper.from_array(rng.standard_normal(w_shape).astype(np.float32), "w")]
+    inits = [numpy_helper.from_array((w_std * rng.standard_normal(w_shape)).astype(np.float32), "w")]
     inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x_shape))]
     conv_inputs = ["x", "w"]
     if bias == "constant":
@@ -168,3 +170,24 @@ def test_float64_against_the_reference_evaluator(phase_calls):
     want = ReferenceEvaluator(model).run(None, {"x": x})[0]
     assert phase_calls == [(1, 3, 33, 30)] and got.dtype == np.float64
     np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("x_shape, w_shape, strides", [
+    ((1, 1, 32, 64), (64, 1, 16, 16), (10, 10)),  # an audio spectrogram transformer's patches
+    ((1, 3, 64, 64), (64, 3, 16, 16), (16, 16)),  # a vision transformer's, on a small image
+])
+def test_patch_embeddings_take_one_strided_gather_not_the_phases(monkeypatch, x_shape, w_shape, strides):
+    """Strides of 10 or 16 would split the input into 100 or 256 phases, a copy call
+    each (a 2 x 4 output took 1.1 ms); past _MAX_PHASES the banded im2col gathers the
+    patches in one strided copy."""
+    calls = []
+    real = conv._conv_phases
+    monkeypatch.setattr(conv, "_conv_phases", lambda *a, **k: calls.append(1) or real(*a, **k))
+    # weights scaled by 1 / sqrt(fan-in), as trained layers are: with unit weights a
+    # 768-term sum of values near 30 carries float32 rounding of 2e-5 in either runtime
+    fan_in = int(np.prod(w_shape[1:]))
+    model = _conv_model(x_shape, w_shape, strides=strides, pads=(0, 0, 0, 0), w_std=fan_in ** -0.5)
+    x = np.random.default_rng(0).standard_normal(x_shape).astype(np.float32)
+    got, want = _run_both(model, {"x": x})
+    assert not calls
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)

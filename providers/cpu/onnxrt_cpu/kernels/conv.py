@@ -536,8 +536,11 @@ def _conv_forward(x, wp: _ConvWeights, strides, dilations, pb, pe, out_sp, bias=
     # the column phases apply, the banded im2col on them is faster still (the
     # detector's 3 -> 8 stem at 320 x 320 1173 -> 995 us, 8 -> 16 at 160 x 160 632 ->
     # 541; the whole detector 0.97 of the time)
+    # Only for a few phases: each is one copy call per image, and a patch embedding's
+    # 16 x 16 stride (256 phases) took 1.1 ms for a 2 x 4 output that one strided
+    # gather makes in microseconds
     if not cphase and g == 1 and m <= K and flops < parallel.PARALLEL_MIN_FLOPS and any(st > 1 for st in strides) \
-            and min(pb) >= 0 and min(pe) >= 0:
+            and min(pb) >= 0 and min(pe) >= 0 and math.prod(strides) <= _MAX_PHASES:
         _conv_phases(x, wp, strides, dilations, pb, pe, out_sp, yv, pad_value, bcol, bias_key, finish)
         return y
 
@@ -830,6 +833,10 @@ def _conv_grouped(x, wp, strides, dilations, pb, pe, out_sp, yv, pad_value):
     L = yv.shape[-1]
     np.matmul(wp.gemm, cols.reshape(n, g, -1, L), out=yv.reshape(n, g, -1, L))
 
+
+#: Most stride phases (the product of the strides) :func:`_conv_phases` splits an
+#: input into; larger strides take the banded im2col, one strided gather a band.
+_MAX_PHASES = 9
 
 #: Elements of one band of :func:`_conv_phases`'s gathered taps.
 _PHASE_BAND_ELEMS = 1 << 17
