@@ -49,3 +49,15 @@ def fake_provider():
         yield fakes.FakeDeviceProvider
     finally:
         onnxrt.plugins.unregister_plugin(fakes)
+
+
+@pytest.fixture
+def numpy_kernels(monkeypatch):
+    """The CPU provider's numpy paths alone: its compiled kernels
+    (``onnxrt_cpu.native``) set aside, as on a machine where they were not built.
+    Tests of those paths' internals use it; the compiled kernels are checked against
+    them in ``tests/cpu/test_native_kernels.py``."""
+    from onnxrt_cpu import native
+
+    monkeypatch.setattr(native, "K", None)
+    monkeypatch.setattr(native, "BLAS", False)

@@ -16,6 +16,10 @@ from onnx import TensorProto, helper, numpy_helper
 import onnxrt as ort
 from onnxrt_cpu.kernels import rows
 
+# these tests check the numpy paths' internals; the compiled kernels have their own
+# (tests/cpu/test_native_kernels.py)
+pytestmark = pytest.mark.usefixtures("numpy_kernels")
+
 rt = pytest.importorskip("onnxruntime")
 
 

@@ -16,6 +16,10 @@ from onnx.reference import ReferenceEvaluator
 import onnxrt
 from onnxrt_cpu.kernels import conv
 
+# these tests check the numpy paths' internals; the compiled kernels have their own
+# (tests/cpu/test_native_kernels.py)
+pytestmark = pytest.mark.usefixtures("numpy_kernels")
+
 rt = pytest.importorskip("onnxruntime")
 
 

@@ -12,6 +12,10 @@ from onnx import TensorProto, helper, numpy_helper
 import onnxrt
 from onnxrt_cpu.kernels import conv
 
+# these tests check the numpy paths' internals; the compiled kernels have their own
+# (tests/cpu/test_native_kernels.py)
+pytestmark = pytest.mark.usefixtures("numpy_kernels")
+
 ort = pytest.importorskip("onnxruntime")
 
 

@@ -28,6 +28,10 @@ from onnxrt_cpu import parallel
 from onnxrt_cpu.kernels import conv as conv_kernels
 from tests.ort_oracle import int8_weight_range
 
+# these tests check the numpy paths' internals; the compiled kernels have their own
+# (tests/cpu/test_native_kernels.py)
+pytestmark = pytest.mark.usefixtures("numpy_kernels")
+
 rt = pytest.importorskip("onnxruntime")
 
 

@@ -23,7 +23,7 @@ import numpy as np
 
 from onnxrt.threads import blas_architectures, current_thread_count
 
-__all__ = ["BLAS_ALIGNMENT", "PARALLEL_MIN_FLOPS", "blas_aligned", "matmul", "matmul_nd", "parallel_for", "thread_count"]
+__all__ = ["BLAS_ALIGNMENT", "PARALLEL_MIN_FLOPS", "blas_aligned", "bounds", "matmul", "matmul_nd", "parallel_for", "thread_count"]
 
 # OpenBLAS kernel sets whose single-precision GEMM uses AVX-512: about twice as many
 # multiply-adds per core and second as the AVX2 (Haswell, Zen) ones.
@@ -142,7 +142,9 @@ def parallel_for(count: int, fn, threads: int | None = None) -> None:
         raise job.error
 
 
-def _bounds(total: int, parts: int, align: int = 1) -> list[int]:
+def bounds(total: int, parts: int, align: int = 1) -> list[int]:
+    """Cut points splitting ``range(total)`` into at most ``parts`` pieces, each a
+    multiple of ``align`` long but the last: ``[0, ..., total]``."""
     step = -(-total // parts)
     step = -(-step // align) * align
     return list(range(0, total, step)) + [total]
@@ -177,7 +179,7 @@ def matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None, epilogue
     # ([2304, 64] x [64, 3136]: 5561 us in four, 5968 in two).
     parts = threads if work < 16 * PARALLEL_MIN_FLOPS else 2 * threads
     if m >= n_:
-        cuts = _bounds(m, parts, 8)
+        cuts = bounds(m, parts, 8)
 
         def part(i):
             rows = slice(cuts[i], cuts[i + 1])
@@ -186,7 +188,7 @@ def matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None, epilogue
                 epilogue(out[rows], rows, everything)
 
     else:
-        cuts = _bounds(n_, parts, 16)
+        cuts = bounds(n_, parts, 16)
 
         def part(i):
             cols = slice(cuts[i], cuts[i + 1])
@@ -267,7 +269,7 @@ def matmul_nd(a: np.ndarray, b: np.ndarray) -> np.ndarray:
         matmul(aa[0], bb[0], out=ov[0])
         return out
     parts = min(count, 2 * threads)
-    cuts = _bounds(count, parts)
+    cuts = bounds(count, parts)
 
     def part(i):
         np.matmul(aa[cuts[i] : cuts[i + 1]], bb[cuts[i] : cuts[i + 1]], out=ov[cuts[i] : cuts[i + 1]])

@@ -68,6 +68,31 @@ _INPLACE = {
 }
 
 
+class _InPlace:
+    """FusedConv's activation applied in place to a part of the output, and its form
+    for the compiled kernels, ``native``: ``(kind, lo, hi)`` (kind 1 Relu, 2 Clip to
+    ``[lo, hi]``), or None for the activations only numpy applies."""
+
+    __slots__ = ("name", "params", "inplace", "native")
+
+    def __init__(self, name: str, params):
+        self.name = name
+        self.params = params
+        self.inplace = _INPLACE.get(name)
+        self.native = None
+        if name == "Relu":
+            self.native = (1, 0.0, 0.0)
+        elif name == "Clip":
+            bounds = (list(params[:2]) + [-np.inf, np.inf][len(params[:2]):])
+            self.native = (2, float(bounds[0]), float(bounds[1]))
+
+    def __call__(self, out: np.ndarray) -> None:
+        if self.inplace is not None:
+            self.inplace(out, *self.params[: ACTIVATIONS[self.name][1]])
+        else:
+            out[...] = apply_activation(self.name, out, self.params)
+
+
 def apply_activation(name: str, x: np.ndarray, params) -> np.ndarray:
     """Apply onnxruntime's fused activation ``name`` with its parameters."""
     fn, count = ACTIVATIONS[name]
@@ -98,18 +123,7 @@ class FusedConv(Conv):
     def run(self, x, w, b=None, z=None):
         if x.dtype in (np.float32, np.float64) and (z is None or z.dtype == x.dtype):
             # Z and the activation are applied band by band inside the convolution.
-            act = None
-            if self.activation:
-                name, params = self.activation, self.params
-
-                inplace = _INPLACE.get(name)
-
-                def act(out):
-                    if inplace is not None:
-                        inplace(out, *params[: ACTIVATIONS[name][1]])
-                    else:
-                        out[...] = apply_activation(name, out, params)
-
+            act = _InPlace(self.activation, self.params) if self.activation else None
             return (self.forward(x, w, b, residual=z, activation=act),)
         (y,) = super().run(x, w, b)
         if z is not None:

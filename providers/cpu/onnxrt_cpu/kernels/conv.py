@@ -48,7 +48,7 @@ import numpy as np
 from onnxrt.kernel import Kernel
 from onnxrt.windows import conv_transpose_geometry
 
-from .. import parallel
+from .. import native, parallel
 from ..registry import op
 from .quantize import centred_bound, column_l1, requantize
 from .rows import broadcast_buffer, columns_op
@@ -398,11 +398,23 @@ def _conv_forward(x, wp: _ConvWeights, strides, dilations, pb, pe, out_sp, bias=
     bcol = None if bias is None else bias.astype(y.dtype, copy=False).reshape(m, 1)
     bias_key = bias if constant_bias else None
 
+    # the compiled kernels apply Relu and Clip themselves; another activation runs on
+    # the finished output (after the residual, which the convolution kernel adds)
+    fused = getattr(activation, "native", None)
     if wp.depthwise is not None and not unit:
-        _depthwise(x, wp, strides, dilations, pb, pe, out_sp, y, pad_value, bcol, bias_key)
+        fused = None if residual is not None else fused
+        if _depthwise_native(x, wp, strides, dilations, pb, pe, out_sp, y, pad_value, bias, fused):
+            if fused is not None or activation is None:
+                return y
+        else:
+            _depthwise(x, wp, strides, dilations, pb, pe, out_sp, y, pad_value, bcol, bias_key)
         if residual is not None:
             y += residual
         if activation is not None:
+            activation(y)
+        return y
+    if _conv_native(x, wp, strides, dilations, pb, pe, out_sp, y, pad_value, bias, residual, fused):
+        if activation is not None and fused is None:
             activation(y)
         return y
 
@@ -946,6 +958,79 @@ def _phase_geometry(in_sp, kernel, strides, dilations, pb, pe, out_sp):
             copies.append((k, tuple(dst), tuple(src)))
     pitch = [math.prod(q[a + 1 :]) for a in range(nd)]
     return tuple(q), tuple(pitch), tuple(copies)
+
+
+def _native_geometry(x, wp, strides, dilations, pb, pe, out_sp, pad_value):
+    """``(x as [N, C, H, W], kernel (kh, kw), strides, dilations, pads begin, out
+    (oh, ow))`` for the compiled kernels, a 1-D convolution as a 2-D one of one row;
+    None where they do not take the layer (3-D and more, a padding value other than
+    0, negative pads, a dtype other than float32/64, an empty output)."""
+    if native.K is None or pad_value != 0 or x.dtype not in _NATIVE_FLOATS or min(pb) < 0 or min(pe) < 0 \
+            or 0 in out_sp or 0 in x.shape or wp.shape[0] == 0:
+        return None
+    if x.ndim == 4:
+        return (np.ascontiguousarray(x), tuple(wp.kernel), tuple(strides), tuple(dilations), tuple(pb),
+                tuple(out_sp))
+    if x.ndim == 3:
+        return (np.ascontiguousarray(x).reshape(x.shape[0], x.shape[1], 1, x.shape[2]), (1, wp.kernel[0]),
+                (1, strides[0]), (1, dilations[0]), (0, pb[0]), (1, out_sp[0]))
+    return None
+
+
+def _native_act(act):
+    """``(kind, lo, hi)`` of a fused activation the compiled kernels apply, from its
+    ``native`` form (FusedConv's Relu and Clip); (0, 0, 0) for none."""
+    return act if act is not None else (0, 0.0, 0.0)
+
+
+def _depthwise_native(x, wp, strides, dilations, pb, pe, out_sp, y, pad_value, bias, act) -> bool:
+    """The depthwise convolution by the compiled kernel, where it takes the layer
+    (:func:`_native_geometry`), with the bias ``[C]`` and the activation ``act``
+    (``(kind, lo, hi)``, or None); False where it did nothing.
+
+    Per plane it does what :func:`_depthwise` does in numpy calls (the stride phases
+    of the padded input, every tap a contiguous run, the output on the phases' row
+    pitch), in one pass in cache; maps of up to 256 positions go channels last, a
+    vector of channels at a time. MobileNetV2's depthwise layers on one thread: 8.7 ms
+    in numpy calls, 1.4 ms compiled, onnxruntime 1.1 ms."""
+    geo = _native_geometry(x, wp, strides, dilations, pb, pe, out_sp, pad_value)
+    if geo is None:
+        return False
+    x4, (kh, kw), (sh, sw), (dh, dw), (pt, pl), (oh, ow) = geo
+    n, c, h, w_ = x4.shape
+    if bias is not None:
+        bias = np.ascontiguousarray(bias, dtype=x.dtype).reshape(c)
+    kind, lo, hi = _native_act(act)
+    native.K.depthwise2d(x4, wp.depthwise, bias, y, (n, c, h, w_, kh, kw, sh, sw, dh, dw, pt, pl, oh, ow),
+                        kind, lo, hi, parallel.thread_count())
+    return True
+
+
+def _conv_native(x, wp, strides, dilations, pb, pe, out_sp, y, pad_value, bias, residual, act) -> bool:
+    """The convolution by the compiled kernel (im2col in cache-sized chunks, numpy's
+    BLAS, bias, residual and activation on each tile while it is in cache, the
+    chunks on the compiled pool), where it takes the layer (:func:`_native_geometry`,
+    and numpy's BLAS handed over); False where it did nothing."""
+    if not native.BLAS:
+        return False
+    geo = _native_geometry(x, wp, strides, dilations, pb, pe, out_sp, pad_value)
+    if geo is None:
+        return False
+    x4, (kh, kw), (sh, sw), (dh, dw), (pt, pl), (oh, ow) = geo
+    n, c, h, w_ = x4.shape
+    m = wp.shape[0]
+    if bias is not None:
+        bias = np.ascontiguousarray(bias, dtype=x.dtype).reshape(m)
+    if residual is not None:
+        residual = np.ascontiguousarray(residual, dtype=x.dtype)
+    kind, lo, hi = _native_act(act)
+    native.K.conv2d(x4, wp.gemm, bias, residual, y,
+                   (n, c, h, w_, m, wp.group, kh, kw, sh, sw, dh, dw, pt, pl, oh, ow), kind, lo, hi,
+                   parallel.thread_count())
+    return True
+
+
+_NATIVE_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 
 
 def _depthwise(x, wp, strides, dilations, pb, pe, out_sp, y, pad_value, bias=None, bias_key=None):

@@ -19,6 +19,7 @@ import numpy as np
 from onnxrt.kernel import Kernel
 from onnxrt.windows import pool_geometry
 
+from .. import native, parallel
 from ..registry import op
 from .conv import compute_dtype, pad_spatial, spatial_attrs, tap_slices
 from .rows import channels_last, plane_sum
@@ -337,6 +338,31 @@ def _reduce_pairs(y, ax, k, d, pb, o, ufunc, fill):
     return res.transpose(0, res.ndim - 1, *range(1, res.ndim - 1))
 
 
+_NATIVE_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+def _native_pool(x, kernel, strides, dil, pb, out_sp, mode: int, div=None):
+    """MaxPool (``mode`` 0) or AveragePool (1, dividing by ``div``, shaped like the
+    output map) of a 1-D or 2-D float32/64 map by the compiled kernel, each output
+    row reduced tap by tap in one pass; None where it does not take the layer.
+    ResNet-18's 3x3/2 MaxPool on 64 x 112 x 112: 930 us in numpy passes (two threads),
+    onnxruntime 90 us."""
+    if native.K is None or x.dtype not in _NATIVE_FLOATS or x.ndim not in (3, 4) or min(pb) < 0:
+        return None
+    if x.ndim == 3:
+        kernel, strides, dil, pb, out_sp = (1, *kernel), (1, *strides), (1, *dil), (0, *pb), (1, *out_sp)
+    x4 = np.ascontiguousarray(x).reshape(x.shape[0], x.shape[1], -1, x.shape[-1])
+    n, c, h, w = x4.shape
+    if 0 in x4.shape:
+        return None
+    y = np.empty((n, c, *out_sp), x.dtype)
+    if div is not None:
+        div = np.ascontiguousarray(np.broadcast_to(div, out_sp), dtype=x.dtype)
+    native.K.pool2d(x4, y, (n, c, h, w, *kernel, *strides, *dil, pb[0], pb[1], *out_sp), mode, div,
+                    parallel.thread_count())
+    return y.reshape(x.shape[:2] + tuple(out_sp[2 - (x.ndim - 2):]))
+
+
 def _lowest(dt):
     if dt.kind == "f":
         return -np.inf
@@ -360,7 +386,9 @@ class MaxPool(_PoolBase):
         xc = x if dt.kind in "iu" or dt in (np.float32, np.float64) else x.astype(np.float32)
         low = _lowest(xc.dtype)
         if not self.want_indices:
-            y = _reduce_taps(xc, kernel, strides, dil, pb, out_sp, np.maximum, low)
+            y = _native_pool(xc, kernel, strides, dil, pb, out_sp, 0)
+            if y is None:
+                y = _reduce_taps(xc, kernel, strides, dil, pb, out_sp, np.maximum, low)
             return (y.astype(dt, copy=False),)
         if 0 in out_sp:
             # a window that fits nowhere along an axis (an empty axis, as onnxruntime
@@ -432,8 +460,11 @@ class AveragePool(_PoolBase):
             div = np.maximum(_outer(counts), 1).astype(cdt)
             if len(self._divisors) < 16:
                 self._divisors[key] = div
-        y = _reduce_taps(x.astype(cdt, copy=False), kernel, strides, dil, pb, out_sp, np.add, 0)
-        y /= div
+        xc = x.astype(cdt, copy=False)
+        y = _native_pool(xc, kernel, strides, dil, pb, out_sp, 1, div)
+        if y is None:
+            y = _reduce_taps(xc, kernel, strides, dil, pb, out_sp, np.add, 0)
+            y /= div
         return (y.astype(x.dtype, copy=False),)
 
 

@@ -1,0 +1,161 @@
+"""The CPU provider's compiled kernels, where they were built.
+
+Some work costs numpy one call per small array, or one pass over memory per tap,
+where a compiled loop does it in one pass in cache (depthwise convolutions, the
+gathered columns of a convolution and its bias and activation); and work that
+Python threads share pays a GIL hand-over per chunk. ``onnxrt-cpu`` compiles
+``native/src/*.c`` at install time into one optional extension module,
+``_kernels``: its kernels release the GIL and share their chunks on a thread pool
+of their own, and multiply through the BLAS library numpy uses (whose ``sgemm`` and
+``dgemm`` are found in the process and handed to the module here). With no C
+compiler the install still succeeds and every kernel keeps its numpy path, which
+computes the same results.
+
+``ONNXRT_CPU_NATIVE=0`` in the environment turns the compiled kernels off (the numpy
+paths run); ``ONNXRT_CPU_SPIN_US`` sets how long an idle pool worker waits, spinning,
+for the next kernel before it sleeps (200 us by default). :func:`status` says what
+is loaded and why anything is not.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib
+import os
+from types import ModuleType
+
+__all__ = ["K", "BLAS", "kernels", "blas_ready", "status"]
+
+_module: ModuleType | None = None
+_reason: str | None = None
+_blas: str | None = None  # the library the products call, or None
+_blas_reason: str | None = None
+_loaded = False
+
+#: CBLAS symbols by preference: (sgemm, dgemm, 64-bit integers)
+_SYMBOLS = (
+    ("scipy_cblas_sgemm64_", "scipy_cblas_dgemm64_", True),
+    ("cblas_sgemm64_", "cblas_dgemm64_", True),
+    ("scipy_cblas_sgemm", "scipy_cblas_dgemm", False),
+    ("cblas_sgemm", "cblas_dgemm", False),
+)
+
+
+def _disabled() -> bool:
+    return os.environ.get("ONNXRT_CPU_NATIVE", "1").strip().lower() in ("0", "false", "no", "off")
+
+
+def _numpy_blas_libraries() -> list[str]:
+    """Paths of the BLAS libraries loaded in this process, numpy's first."""
+    from threadpoolctl import threadpool_info
+
+    import numpy as np
+
+    libs = [i["filepath"] for i in threadpool_info() if i.get("user_api") == "blas" and i.get("filepath")]
+    root = os.path.dirname(os.path.dirname(np.__file__))
+    return sorted(libs, key=lambda p: not os.path.realpath(p).startswith(os.path.realpath(root)))
+
+
+def _hand_over_blas(module: ModuleType) -> tuple[str | None, str | None]:
+    """Find numpy's CBLAS products, give them to ``module`` and check one product of
+    each against numpy: (the library, None) or (None, why not)."""
+    import numpy as np
+
+    np.dot(np.ones((2, 2)), np.ones((2, 2)))  # numpy loads its BLAS lazily on some builds
+    for path in _numpy_blas_libraries():
+        try:
+            lib = ctypes.CDLL(path)
+        except OSError:
+            continue
+        for s_name, d_name, wide in _SYMBOLS:
+            try:
+                s_fn, d_fn = getattr(lib, s_name), getattr(lib, d_name)
+            except AttributeError:
+                continue
+            s_addr = ctypes.cast(s_fn, ctypes.c_void_p).value
+            d_addr = ctypes.cast(d_fn, ctypes.c_void_p).value
+            module.set_blas(s_addr, d_addr, wide)
+            if _products_agree(module):
+                return path, None
+            module.set_blas(0, 0, False)  # cleared: the convolutions stay numpy's
+            return None, f"{s_name} in {os.path.basename(path)} gave a wrong product"
+    return None, "no CBLAS sgemm/dgemm found in numpy's BLAS library"
+
+
+def _products_agree(module: ModuleType) -> bool:
+    """A small convolution through the handed-over products against numpy."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    for dt in (np.float32, np.float64):
+        x = rng.standard_normal((1, 3, 5, 7)).astype(dt)
+        w = rng.standard_normal((4, 3)).astype(dt)
+        y = np.empty((1, 4, 5, 7), dt)
+        module.conv2d(x, w, None, None, y, (1, 3, 5, 7, 4, 1, 1, 1, 1, 1, 1, 1, 0, 0, 5, 7), 0, 0.0, 0.0, 1)
+        want = np.einsum("mc,nchw->nmhw", w.astype(np.float64), x.astype(np.float64))
+        if not np.allclose(y, want, rtol=1e-5, atol=1e-5):
+            return False
+    return True
+
+
+def _load() -> None:
+    global _module, _reason, _blas, _blas_reason, _loaded
+    _loaded = True
+    if _disabled():
+        _reason = "turned off by ONNXRT_CPU_NATIVE=0"
+        return
+    try:
+        module = importlib.import_module(f"{__name__}._kernels")
+    except ImportError as e:
+        _reason = f"not built ({e})"
+        return
+    spin = os.environ.get("ONNXRT_CPU_SPIN_US")
+    if spin is not None:
+        try:
+            module.set_spin(float(spin))
+        except ValueError as e:
+            _reason = f"ONNXRT_CPU_SPIN_US={spin!r}: {e}"
+            return
+    try:
+        _blas, _blas_reason = _hand_over_blas(module)
+    except Exception as e:  # pragma: no cover - an unusual BLAS setup: the products stay numpy's
+        _blas, _blas_reason = None, f"{type(e).__name__}: {e}"
+    # without numpy's products the convolutions stay numpy's; kernels that need no
+    # BLAS (depthwise) still run compiled
+    _module = module
+
+
+def kernels() -> ModuleType | None:
+    """The compiled module, or None where it was not built, failed to load, or
+    ``ONNXRT_CPU_NATIVE=0`` turns it off."""
+    if not _loaded:
+        _load()
+    return _module
+
+
+def blas_ready() -> bool:
+    """Whether the compiled kernels multiply through numpy's BLAS (the compiled
+    convolutions need it)."""
+    return kernels() is not None and _blas is not None
+
+
+def status() -> dict:
+    """``{"loaded", "reason", "blas", "blas_reason", "pool"}``: whether the compiled
+    kernels are loaded (else why not), the BLAS library their products call (else why
+    none), and the thread pool's workers and spin time."""
+    module = kernels()
+    return {
+        "loaded": module is not None,
+        "reason": _reason,
+        "blas": _blas,
+        "blas_reason": _blas_reason if module is not None else _reason,
+        "pool": module.pool_info() if module is not None else None,
+    }
+
+
+#: The compiled module, or None (kernels read it at call time, so a test can set it
+#: to None to run the numpy paths).
+K: ModuleType | None = kernels()
+
+#: Whether :data:`K`'s products go through numpy's BLAS (its convolutions need it).
+BLAS: bool = blas_ready()

@@ -1,0 +1,120 @@
+/* Shared declarations of the CPU provider's compiled kernels (one extension module,
+ * ``onnxrt_cpu.native._kernels``, built from every .c file here).
+ *
+ * Every kernel takes numpy arrays through the buffer protocol (no numpy headers are
+ * needed to build), checks their element type, contiguity and size, and releases
+ * the GIL while it computes. Work is shared out on the module's own thread pool
+ * (pool.c), whose workers never touch Python objects.
+ */
+#ifndef ONNXRT_CPU_NATIVE_H
+#define ONNXRT_CPU_NATIVE_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+
+/* Hot loops are compiled three times, for x86-64-v4 (AVX-512), x86-64-v3 (AVX2 and
+ * FMA) and the baseline, and the loader picks the best the CPU runs: one build
+ * serves every x86-64 machine, where -march=native would not. Vector values never
+ * cross between a clone and its caller by value (the clones pass them differently);
+ * only pointers do. */
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__) && __GNUC__ >= 12
+#define NATIVE_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define NATIVE_CLONES
+#endif
+
+/* Fused activations of the kernels' epilogues. */
+enum { ACT_NONE = 0, ACT_RELU = 1, ACT_CLIP = 2 };
+
+/* ---- windows over 2-D planes (phases.h) ----------------------------------------- */
+
+/* A window of kh x kw taps over planes [h, w] of n images of c channels: strides,
+ * dilations, the pads before each axis (at least 0) and the output size. */
+typedef struct {
+    Py_ssize_t n, c, h, w, kh, kw, sh, sw, dh, dw, pt, pl, oh, ow;
+} window_geometry;
+
+/* Elements of slack after every phase buffer: a flat pass's last block of four
+ * vectors reads and writes past the end, for any element type. */
+#define PHASE_SLACK 128
+
+/* The stride phases of a padded plane (``x[py::sh, px::sw]``, see phases.h): rows per
+ * phase ``hq``, the row pitch ``pq``, each phase's elements ``plane`` (one spare row
+ * and the slack), the padded extent the taps read (``hn`` rows by ``wn`` columns) and
+ * the output computed on the phases' pitch, ``span = oh * pq``. */
+typedef struct {
+    Py_ssize_t hn, wn, hq, pq, plane, span;
+} phase_layout;
+
+static inline void phase_layout_of(const window_geometry *g, phase_layout *l)
+{
+    l->hn = (g->oh - 1) * g->sh + (g->kh - 1) * g->dh + 1;
+    l->wn = (g->ow - 1) * g->sw + (g->kw - 1) * g->dw + 1;
+    l->hq = (l->hn + g->sh - 1) / g->sh;
+    l->pq = (l->wn + g->sw - 1) / g->sw;
+    l->plane = (l->hq + 1) * l->pq + PHASE_SLACK;
+    l->span = g->oh * l->pq;
+}
+
+/* Where tap (ky, kx) reads in the phases: its phase's offset plus its shift. */
+static inline Py_ssize_t phase_offset(const window_geometry *g, const phase_layout *l, Py_ssize_t ky, Py_ssize_t kx)
+{
+    Py_ssize_t ry = ky * g->dh, rx = kx * g->dw;
+    return ((ry % g->sh) * g->sw + rx % g->sw) * l->plane + (ry / g->sh) * l->pq + rx / g->sw;
+}
+
+/* ---- buffers (buffers.c) ------------------------------------------------------- */
+
+/* A C-contiguous buffer of one element type, held until nb_release. */
+typedef struct {
+    Py_buffer view;
+    int held;
+} nbuf;
+
+/* Acquire ``obj`` as a C-contiguous buffer of ``itemsize``-byte elements of kind
+ * ``kind`` ('f' float, 'i' signed int, 'u' unsigned int) holding at least ``count``
+ * elements; on failure a TypeError or ValueError naming ``what`` is set and -1
+ * returned. ``obj`` None with ``optional`` leaves ``nb`` unheld and returns 0. */
+int nb_get(PyObject *obj, nbuf *nb, char kind, Py_ssize_t itemsize, Py_ssize_t count, int writable, int optional,
+           const char *what);
+void nb_release(nbuf *nb);
+/* The element size of a float array (4 or 8), or -1 with a TypeError naming ``what``. */
+Py_ssize_t nb_float_size(PyObject *obj, const char *what);
+
+/* ---- thread pool (pool.c) ------------------------------------------------------ */
+
+/* One chunk of a parallel loop: ``task(ctx, index)``. */
+typedef void (*pool_task)(void *ctx, Py_ssize_t index);
+
+/* Run ``task(ctx, i)`` for every ``i < count`` over up to ``threads`` threads: the
+ * caller and ``threads - 1`` pool workers, who claim chunks from a shared counter.
+ * Called without the GIL. Where another caller holds the pool, or ``threads`` is 1,
+ * the caller runs every chunk itself. */
+void pool_run(pool_task task, void *ctx, Py_ssize_t count, int threads);
+
+/* A per-thread scratch buffer of at least ``bytes`` bytes, 64-byte aligned, kept and
+ * reused by the thread (``slot`` 0 or 1: two independent buffers); NULL if memory
+ * runs out. */
+void *scratch(int slot, size_t bytes);
+
+/* ---- BLAS (blas.c) ------------------------------------------------------------- */
+
+/* C = A B (row-major, no transposes, alpha 1, beta 0) through the BLAS numpy uses;
+ * 0 on success, -1 where no BLAS function was handed over (blas_ready() is 0). */
+int gemm_f32(Py_ssize_t m, Py_ssize_t n, Py_ssize_t k, const float *a, Py_ssize_t lda, const float *b,
+             Py_ssize_t ldb, float *c, Py_ssize_t ldc);
+int gemm_f64(Py_ssize_t m, Py_ssize_t n, Py_ssize_t k, const double *a, Py_ssize_t lda, const double *b,
+             Py_ssize_t ldb, double *c, Py_ssize_t ldc);
+int blas_ready(void);
+
+/* ---- the methods each file adds to the module ---------------------------------- */
+
+extern PyMethodDef pool_methods[];
+extern PyMethodDef blas_methods[];
+extern PyMethodDef depthwise_methods[];
+extern PyMethodDef conv_methods[];
+extern PyMethodDef pool2d_methods[];
+
+#endif

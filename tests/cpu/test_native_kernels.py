@@ -1,0 +1,390 @@
+"""The CPU provider's compiled kernels (``onnxrt_cpu.native``).
+
+- They are built and loaded wherever the test environment was installed (a missing
+  build is a failure here unless ``ONNXRT_CPU_NATIVE=0`` turns them off), with
+  numpy's BLAS handed over.
+- Convolutions (plain, grouped, depthwise; 1-D and 2-D; strides, dilations,
+  asymmetric pads; bias constant, fed or absent; FusedConv's residual and
+  activations; float32 and float64; 1 to 3 threads) give what the numpy paths give
+  and what onnxruntime gives.
+- The thread pool runs every chunk exactly once, from one caller or from many at
+  once, and in a forked child.
+- Bad arguments raise typed errors naming the argument, never crash.
+"""
+
+from __future__ import annotations
+
+import collections
+import multiprocessing
+import os
+import threading
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+from onnx.reference import ReferenceEvaluator
+
+import onnxrt as ort
+from onnxrt_cpu import native
+
+rt = pytest.importorskip("onnxruntime")
+
+needs_native = pytest.mark.skipif(native.K is None, reason=f"compiled kernels not loaded: {native.status()['reason']}")
+
+
+def test_the_compiled_kernels_are_built_and_multiply_through_numpys_blas():
+    if os.environ.get("ONNXRT_CPU_NATIVE", "1") == "0":
+        pytest.skip("turned off by ONNXRT_CPU_NATIVE=0")
+    st = native.status()
+    assert st["loaded"], st["reason"]
+    assert st["blas"], st["blas_reason"]
+    assert native.K is not None and native.BLAS
+
+
+def _conv_model(x_shape, w_shape, *, group=1, strides=None, pads=None, dilations=None, bias="constant",
+                act=None, residual=False, dtype=np.float32, seed=0):
+    """A Conv, optionally + a residual input ``z`` and an activation node, which the
+    optimizer fuses into FusedConv at ORT_ENABLE_ALL."""
+    rng = np.random.default_rng(seed)
+    et = TensorProto.FLOAT if dtype == np.float32 else TensorProto.DOUBLE
+    fan_in = int(np.prod(w_shape[1:]))
+    inits = [numpy_helper.from_array((rng.standard_normal(w_shape) / np.sqrt(fan_in)).astype(dtype), "w")]
+    inputs = [helper.make_tensor_value_info("x", et, list(x_shape))]
+    conv_in = ["x", "w"]
+    if bias == "constant":
+        inits.append(numpy_helper.from_array(rng.standard_normal(w_shape[0]).astype(dtype), "b"))
+        conv_in.append("b")
+    elif bias == "input":
+        inputs.append(helper.make_tensor_value_info("b", et, [w_shape[0]]))
+        conv_in.append("b")
+    attrs = {"group": group}
+    for k, v in (("strides", strides), ("pads", pads), ("dilations", dilations)):
+        if v is not None:
+            attrs[k] = list(v)
+    nodes = [helper.make_node("Conv", conv_in, ["c"], **attrs)]
+    last = "c"
+    if residual:
+        inputs.append(helper.make_tensor_value_info("z", et, None))
+        nodes.append(helper.make_node("Add", [last, "z"], ["s"]))
+        last = "s"
+    if act == "Relu":
+        nodes.append(helper.make_node("Relu", [last], ["y"]))
+    elif act == "Clip":
+        inits += [numpy_helper.from_array(np.array(0, dtype), "lo"), numpy_helper.from_array(np.array(6, dtype), "hi")]
+        nodes.append(helper.make_node("Clip", [last, "lo", "hi"], ["y"]))
+    elif act == "LeakyRelu":
+        nodes.append(helper.make_node("LeakyRelu", [last], ["y"], alpha=0.1))
+    else:
+        nodes.append(helper.make_node("Identity", [last], ["y"]))
+    graph = helper.make_graph(nodes, "g", inputs, [helper.make_tensor_value_info("y", et, None)], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8).SerializeToString()
+
+
+def _run(model, feeds, threads, level=ort.GraphOptimizationLevel.ORT_ENABLE_ALL):
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = threads
+    so.graph_optimization_level = level
+    return ort.InferenceSession(model, so, providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+
+
+def _feeds(model, x_shape, w_shape, bias, residual, dtype, seed=1):
+    rng = np.random.default_rng(seed)
+    feeds = {"x": rng.standard_normal(x_shape).astype(dtype)}
+    if bias == "input":
+        feeds["b"] = rng.standard_normal(w_shape[0]).astype(dtype)
+    if residual:
+        out = ReferenceEvaluator(_conv_model(x_shape, w_shape, **residual)).run(None, {
+            k: v for k, v in feeds.items() if k != "z"})[0]
+        feeds["z"] = rng.standard_normal(out.shape).astype(dtype)
+    return feeds
+
+
+# (input shape, weight shape, attributes): every kind of layer the compiled kernels take
+GEOMETRIES = [
+    # 1x1 products on the input itself, one image and a batch
+    ((1, 16, 28, 28), (40, 16, 1, 1), {}),
+    ((3, 8, 9, 11), (12, 8, 1, 1), {}),
+    # 1x1 with a stride or padding: gathered like any kernel
+    ((1, 8, 15, 15), (16, 8, 1, 1), {"strides": (2, 2)}),
+    ((1, 4, 6, 6), (6, 4, 1, 1), {"pads": (1, 0, 0, 1)}),
+    # 3x3 and 5x5, same and valid padding, strides 1-3, dilations
+    ((1, 8, 20, 17), (16, 8, 3, 3), {"pads": (1, 1, 1, 1)}),
+    ((2, 3, 33, 30), (8, 3, 5, 5), {"strides": (2, 2), "pads": (2, 2, 2, 2)}),
+    ((1, 6, 19, 23), (10, 6, 3, 3), {"strides": (3, 2), "pads": (0, 1, 2, 0)}),
+    ((1, 5, 21, 21), (7, 5, 3, 3), {"dilations": (2, 3), "pads": (2, 3, 2, 3)}),
+    ((1, 4, 10, 10), (4, 4, 3, 2), {}),
+    # small maps with many channels: the rows mode when several threads run
+    ((1, 128, 7, 7), (96, 128, 3, 3), {"pads": (1, 1, 1, 1)}),
+    ((1, 256, 7, 7), (320, 256, 1, 1), {}),
+    # grouped
+    ((1, 12, 14, 14), (24, 3, 3, 3), {"group": 4, "pads": (1, 1, 1, 1)}),
+    ((2, 16, 9, 9), (16, 8, 1, 1), {"group": 2}),
+    # depthwise: flat (large maps) and channels last (small), strides and dilations
+    ((1, 32, 40, 40), (32, 1, 3, 3), {"group": 32, "pads": (1, 1, 1, 1)}),
+    ((1, 24, 41, 39), (24, 1, 3, 3), {"group": 24, "strides": (2, 2), "pads": (1, 1, 1, 1)}),
+    ((2, 40, 14, 14), (40, 1, 3, 3), {"group": 40, "pads": (1, 1, 1, 1)}),
+    ((1, 37, 7, 9), (37, 1, 5, 5), {"group": 37, "pads": (2, 2, 2, 2)}),
+    ((1, 20, 16, 16), (20, 1, 3, 3), {"group": 20, "strides": (2, 2), "dilations": (2, 2), "pads": (2, 0, 1, 2)}),
+    ((1, 18, 30, 31), (18, 1, 7, 3), {"group": 18, "strides": (3, 1), "pads": (3, 1, 3, 1)}),
+    # 1-D
+    ((2, 8, 50), (12, 8, 3), {"pads": (1, 1)}),
+    ((1, 6, 31), (6, 1, 5), {"group": 6, "strides": (2,), "pads": (2, 1)}),
+]
+
+
+def _gid(g):
+    x, w, a = g
+    return "x" + "x".join(map(str, x)) + "-w" + "x".join(map(str, w)) + "".join(f"-{k}{''.join(map(str, v)) if isinstance(v, tuple) else v}" for k, v in a.items())
+
+
+class _Counting:
+    """The compiled module with a count of the calls of each of its functions."""
+
+    def __init__(self, module):
+        self.module = module
+        self.calls = collections.Counter()
+
+    def __getattr__(self, name):
+        fn = getattr(self.module, name)
+
+        def counted(*args):
+            self.calls[name] += 1
+            return fn(*args)
+
+        return counted
+
+
+@needs_native
+@pytest.mark.parametrize("threads", [1, 2, 3])
+@pytest.mark.parametrize("geometry", GEOMETRIES, ids=[_gid(g) for g in GEOMETRIES])
+def test_convolutions_match_the_numpy_paths_and_onnxruntime(geometry, threads, request, monkeypatch):
+    x_shape, w_shape, attrs = geometry
+    model = _conv_model(x_shape, w_shape, **attrs)
+    feeds = _feeds(model, x_shape, w_shape, "constant", False, np.float32)
+    counting = _Counting(native.K)
+    monkeypatch.setattr(native, "K", counting)
+    got = _run(model, feeds, threads)
+    depthwise = attrs.get("group", 1) == x_shape[1] and w_shape[1] == 1
+    assert counting.calls == {"depthwise2d" if depthwise else "conv2d": 1}
+    want = rt.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    request.getfixturevalue("numpy_kernels")
+    numpy_path = _run(model, feeds, threads)
+    np.testing.assert_allclose(got, numpy_path, rtol=1e-5, atol=1e-5)
+
+
+# (bias, activation, residual): FusedConv's variants and a Conv fed its bias
+VARIANTS = [
+    ("constant", "Relu", False),
+    ("constant", "Clip", False),
+    ("constant", "LeakyRelu", False),
+    ("input", None, False),
+    (None, "Clip", False),
+    ("constant", "Relu", True),
+    (None, None, True),
+]
+
+
+@needs_native
+@pytest.mark.parametrize("bias, act, residual", VARIANTS)
+@pytest.mark.parametrize("geometry", [GEOMETRIES[0], GEOMETRIES[4], GEOMETRIES[9], GEOMETRIES[13], GEOMETRIES[15]],
+                         ids=["1x1", "3x3", "rows", "depthwise", "depthwise-last"])
+def test_bias_residual_and_activations_match_onnxruntime(geometry, bias, act, residual):
+    x_shape, w_shape, attrs = geometry
+    kw = dict(bias=bias, act=act, residual=residual, **attrs)
+    model = _conv_model(x_shape, w_shape, **kw)
+    feeds = _feeds(model, x_shape, w_shape, bias, dict(bias=bias, **attrs) if residual else False, np.float32)
+    want = rt.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    for threads in (1, 2):
+        got = _run(model, feeds, threads)
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    if act is not None:
+        assert (want < 0).any() == (act == "LeakyRelu")  # the activation did something
+
+
+@needs_native
+@pytest.mark.parametrize("geometry", [GEOMETRIES[1], GEOMETRIES[5], GEOMETRIES[11], GEOMETRIES[14], GEOMETRIES[16]],
+                         ids=["1x1-batch", "5x5-s2", "grouped", "depthwise-s2", "depthwise-last-5x5"])
+def test_float64_matches_the_reference_evaluator(geometry):
+    x_shape, w_shape, attrs = geometry
+    model = _conv_model(x_shape, w_shape, dtype=np.float64, act="Relu", **attrs)
+    feeds = _feeds(model, x_shape, w_shape, "constant", False, np.float64)
+    want = ReferenceEvaluator(model).run(None, feeds)[0]
+    for threads in (1, 2):
+        got = _run(model, feeds, threads)
+        assert got.dtype == np.float64
+        np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+
+
+@needs_native
+def test_nan_and_infinity_pass_through_as_in_numpy():
+    """Relu and Clip keep NaN (numpy's maximum and clip do), infinities clip."""
+    x_shape, w_shape = (1, 4, 6, 6), (4, 1, 3, 3)
+    for act in ("Relu", "Clip"):
+        model = _conv_model(x_shape, w_shape, group=4, pads=(1, 1, 1, 1), act=act)
+        x = np.random.default_rng(0).standard_normal(x_shape).astype(np.float32)
+        x[0, 0, 2, 2] = np.nan
+        x[0, 1, 3, 3] = np.inf
+        x[0, 2, 1, 1] = -np.inf
+        want = rt.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+        got = _run(model, {"x": x}, 1)
+        np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+@needs_native
+@pytest.mark.parametrize("count, threads", [(0, 2), (1, 2), (2, 2), (7, 3), (1000, 2), (5000, 4), (64, 1)])
+def test_the_pool_runs_every_chunk_exactly_once(count, threads):
+    assert native.K.pool_selftest(count, threads, 200) == [1] * count
+
+
+@needs_native
+def test_the_pool_serves_many_callers_at_once():
+    """Callers that find the pool busy run their chunks themselves; none is lost."""
+    results, errors = [], []
+
+    def call():
+        try:
+            for _ in range(20):
+                results.append(native.K.pool_selftest(300, 2, 500) == [1] * 300)
+        except Exception as e:  # pragma: no cover - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=call) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors and len(results) == 120 and all(results)
+
+
+@needs_native
+def test_sessions_on_many_threads_at_once_give_the_same_results():
+    x_shape, w_shape, attrs = GEOMETRIES[4]
+    model = _conv_model(x_shape, w_shape, act="Relu", **attrs)
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = 2
+    sess = ort.InferenceSession(model, so, providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(3)
+    inputs = [rng.standard_normal(x_shape).astype(np.float32) for _ in range(8)]
+    want = [sess.run(None, {"x": x})[0] for x in inputs]
+    got = [None] * 8
+
+    def run(i):
+        for _ in range(10):
+            got[i] = sess.run(None, {"x": inputs[i]})[0]
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g, w)
+
+
+def _child_conv(queue):
+    x = np.ones((1, 8, 12, 12), np.float32)
+    w = np.ones((16, 8 * 9), np.float32)
+    y = np.empty((1, 16, 12, 12), np.float32)
+    native.K.conv2d(x, w, None, None, y, (1, 8, 12, 12, 16, 1, 3, 3, 1, 1, 1, 1, 1, 1, 12, 12), 0, 0.0, 0.0, 2)
+    queue.put((float(y[0, 0, 5, 5]), float(y[0, 0, 0, 0]), native.K.pool_selftest(100, 2, 100) == [1] * 100))
+
+
+@needs_native
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="fork only")
+def test_a_forked_child_starts_its_own_pool():
+    native.K.pool_selftest(100, 2, 100)  # the parent's workers exist before the fork
+    ctx = multiprocessing.get_context("fork")
+    queue = ctx.Queue()
+    p = ctx.Process(target=_child_conv, args=(queue,))
+    p.start()
+    result = queue.get(timeout=60)
+    p.join(60)
+    assert p.exitcode == 0
+    assert result == (72.0, 32.0, True)
+
+
+@needs_native
+def test_bad_arguments_raise_typed_errors():
+    k = native.K
+    x = np.ones((1, 2, 4, 4), np.float32)
+    w = np.ones((2, 9), np.float32)
+    y = np.empty((1, 2, 4, 4), np.float32)
+    geometry = (1, 2, 4, 4, 3, 3, 1, 1, 1, 1, 1, 1, 4, 4)
+    with pytest.raises(TypeError, match="x must be float32 or float64"):
+        k.depthwise2d(x.astype(np.int32), w, None, y, geometry, 0, 0.0, 0.0, 1)
+    with pytest.raises(TypeError, match="y must be a writable C-contiguous array"):
+        k.depthwise2d(x, w, None, y[..., ::2], geometry, 0, 0.0, 0.0, 1)
+    with pytest.raises(TypeError, match="w has element format 'd'"):
+        k.depthwise2d(x, w.astype(np.float64), None, y, geometry, 0, 0.0, 0.0, 1)
+    with pytest.raises(ValueError, match="y holds 16 elements, at least 32 are needed"):
+        k.depthwise2d(x, w, None, y[:, :1], geometry, 0, 0.0, 0.0, 1)
+    with pytest.raises(ValueError, match="invalid geometry or activation"):
+        k.depthwise2d(x, w, None, y, geometry, 7, 0.0, 0.0, 1)
+    with pytest.raises(ValueError, match="invalid geometry"):
+        k.conv2d(x, w, None, None, y, (1, 2, 4, 4, 3, 2, 3, 3, 1, 1, 1, 1, 1, 1, 4, 4), 0, 0.0, 0.0, 1)
+    with pytest.raises(ValueError, match="w holds 18 elements"):
+        k.conv2d(x, w, None, None, y, (1, 2, 4, 4, 4, 1, 3, 3, 1, 1, 1, 1, 1, 1, 4, 4), 0, 0.0, 0.0, 1)
+    with pytest.raises(ValueError, match="microseconds"):
+        k.set_spin(-1.0)
+
+
+def _pool_model(op, x_shape, **attrs):
+    graph = helper.make_graph([helper.make_node(op, ["x"], ["y"], **attrs)], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x_shape))],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)], ir_version=9).SerializeToString()
+
+
+# (op, input shape, attributes): every kind of window the compiled pool takes
+POOLS = [
+    ("MaxPool", (1, 64, 56, 56), {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]}),
+    ("MaxPool", (2, 16, 35, 35), {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [0, 0, 1, 1]}),
+    ("MaxPool", (1, 8, 20, 21), {"kernel_shape": [2, 2], "strides": [2, 2]}),
+    ("MaxPool", (1, 8, 17, 17), {"kernel_shape": [3, 3], "strides": [2, 2], "ceil_mode": 1}),
+    ("MaxPool", (1, 6, 15, 16), {"kernel_shape": [3, 2], "strides": [1, 3], "dilations": [2, 1], "pads": [2, 0, 1, 1]}),
+    ("MaxPool", (1, 5, 13, 13), {"kernel_shape": [5, 5], "strides": [1, 1], "auto_pad": "SAME_UPPER"}),
+    ("MaxPool", (2, 4, 30), {"kernel_shape": [3], "strides": [2], "pads": [1, 1]}),
+    ("AveragePool", (1, 32, 28, 28), {"kernel_shape": [3, 3], "strides": [1, 1], "pads": [1, 1, 1, 1]}),
+    ("AveragePool", (1, 32, 28, 28), {"kernel_shape": [3, 3], "strides": [1, 1], "pads": [1, 1, 1, 1],
+                                      "count_include_pad": 1}),
+    ("AveragePool", (1, 8, 19, 19), {"kernel_shape": [3, 3], "strides": [2, 2], "ceil_mode": 1}),
+    ("AveragePool", (1, 8, 14, 14), {"kernel_shape": [7, 7], "strides": [7, 7]}),
+    ("AveragePool", (1, 3, 9, 11), {"kernel_shape": [2, 3], "strides": [2, 1], "pads": [1, 0, 0, 2],
+                                    "count_include_pad": 1}),
+]
+
+
+@needs_native
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("op, x_shape, attrs", POOLS, ids=[f"{p[0]}-{'x'.join(map(str, p[1]))}-{i}"
+                                                          for i, p in enumerate(POOLS)])
+def test_pools_match_the_numpy_paths_and_onnxruntime(op, x_shape, attrs, threads, request, monkeypatch):
+    model = _pool_model(op, x_shape, **attrs)
+    x = np.random.default_rng(5).standard_normal(x_shape).astype(np.float32)
+    counting = _Counting(native.K)
+    monkeypatch.setattr(native, "K", counting)
+    got = _run(model, {"x": x}, threads)
+    assert counting.calls == {"pool2d": 1}
+    want = rt.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+    request.getfixturevalue("numpy_kernels")
+    np.testing.assert_allclose(got, _run(model, {"x": x}, threads), rtol=1e-6, atol=1e-6)
+
+
+@needs_native
+def test_max_pooling_propagates_nan_and_keeps_infinities():
+    """A window holding NaN gives NaN (numpy's maximum, and the numpy path); -inf and
+    inf are values like any other."""
+    model = _pool_model("MaxPool", (1, 3, 8, 8), kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])
+    x = np.random.default_rng(0).standard_normal((1, 3, 8, 8)).astype(np.float32)
+    x[0, 0, 3, 3] = np.nan
+    x[0, 1] = -np.inf
+    x[0, 2, 5, 6] = np.inf
+    got = _run(model, {"x": x}, 1)
+    assert np.isnan(got[0, 0, 1:3, 1:3]).all() and np.isnan(got[0, 0]).sum() == 4
+    assert (got[0, 1] == -np.inf).all()
+    assert got[0, 2, 3, 3] == np.inf and got[0, 2, 2, 3] == np.inf and np.isinf(got[0, 2]).sum() == 2
+    assert not np.isnan(got[0, 1:]).any()
+    np.testing.assert_array_equal(got, _run(model, {"x": x}, 2))
