@@ -40,6 +40,7 @@ import threading
 
 __all__ = [
     "ThreadSettings",
+    "add_idle_hook",
     "current_thread_count",
     "limit_blas_threads",
     "blas_architectures",
@@ -138,16 +139,40 @@ def _enter_run() -> None:
         _active_runs += 1
 
 
+#: Called (without arguments) whenever the last run in progress ends: see add_idle_hook.
+_idle_hooks: list = []
+
+
+def add_idle_hook(fn) -> None:
+    """Call ``fn()`` whenever no onnxrt run is in progress any more (the last of the
+    concurrent runs has ended).
+
+    A provider whose worker threads busy-wait between the kernels of a run, as the CPU
+    provider's compiled pool does, uses it to let them sleep at once: between runs
+    their spinning would only take cores from the application (or from another
+    runtime timed beside onnxrt). ``fn`` must be quick and must not raise; it may be
+    called from any thread that ran a session."""
+    if fn not in _idle_hooks:
+        _idle_hooks.append(fn)
+
+
 def _exit_run() -> None:
     global _active_runs
     with _lock:
         _active_runs -= 1
-        if _active_runs == 0:
+        idle = _active_runs == 0
+        if idle:
             for c, n in _saved:
                 try:
                     c.set(n)
                 except Exception:  # pragma: no cover
                     pass
+    if idle:
+        for fn in _idle_hooks:
+            try:
+                fn()
+            except Exception:  # pragma: no cover - a hook must not break the run that ended
+                pass
 
 
 def _after_fork_in_child() -> None:  # pragma: no cover - exercised only in forked children

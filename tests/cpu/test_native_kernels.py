@@ -18,6 +18,7 @@ import collections
 import multiprocessing
 import os
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -388,3 +389,29 @@ def test_max_pooling_propagates_nan_and_keeps_infinities():
     assert got[0, 2, 3, 3] == np.inf and got[0, 2, 2, 3] == np.inf and np.isinf(got[0, 2]).sum() == 2
     assert not np.isnan(got[0, 1:]).any()
     np.testing.assert_array_equal(got, _run(model, {"x": x}, 2))
+
+
+@needs_native
+def test_pool_workers_sleep_as_soon_as_no_run_is_in_progress():
+    """Between the kernels of a run the workers spin (set_spin: far longer than this
+    test waits); when the run ends they go to sleep at once."""
+    x_shape, w_shape, attrs = GEOMETRIES[4]
+    model = _conv_model(x_shape, w_shape, **attrs)
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = 2
+    sess = ort.InferenceSession(model, so, providers=["CPUExecutionProvider"])
+    feeds = {"x": np.ones(x_shape, np.float32)}
+    native.K.set_spin(5e6)  # five seconds
+    try:
+        for _ in range(3):
+            sess.run(None, feeds)
+        info = native.K.pool_info()
+        assert info["workers"] >= 1
+        deadline = time.monotonic() + 2.0
+        while native.K.pool_info()["sleeping"] < info["workers"] and time.monotonic() < deadline:
+            time.sleep(0.001)
+        assert native.K.pool_info()["sleeping"] == info["workers"]
+        # a job wakes them again: every chunk still runs exactly once
+        assert native.K.pool_selftest(500, 2, 100) == [1] * 500
+    finally:
+        native.K.set_spin(200.0)

@@ -123,6 +123,11 @@ def _load() -> None:
     # without numpy's products the convolutions stay numpy's; kernels that need no
     # BLAS (depthwise) still run compiled
     _module = module
+    # the pool's workers spin between the kernels of a run; when no run is in
+    # progress they sleep at once instead of taking cores from the application
+    from onnxrt.threads import add_idle_hook
+
+    add_idle_hook(module.pool_rest)
 
 
 def kernels() -> ModuleType | None:

@@ -7,8 +7,9 @@
  * is published in one atomic word (generation, chunk count, next chunk), the caller
  * and the workers claim chunks from it, and after a job a worker spins for a while
  * (``spin_ns``, 200 us by default) before it sleeps, so the next kernel of a run
- * finds it awake. One caller uses the pool at a time; another concurrent caller
- * runs its chunks itself.
+ * finds it awake; when the last onnxrt run ends, ``pool_rest`` sends spinning
+ * workers to sleep at once. One caller uses the pool at a time; another concurrent
+ * caller runs its chunks itself.
  */
 #include "native.h"
 
@@ -39,6 +40,7 @@ static struct {
     _Atomic int limit;          /* workers allowed to join the current job */
     _Atomic unsigned published; /* bumped once per job: what idle workers wait on */
     _Atomic int sleeping;
+    _Atomic unsigned rest; /* bumped by pool_rest: spinning workers sleep at once */
     _Atomic long spin_ns;
     uint64_t generation;
     int workers;
@@ -86,11 +88,14 @@ static void *worker(void *arg)
     for (;;) {
         struct timespec t0;
         clock_gettime(CLOCK_MONOTONIC, &t0);
+        unsigned rest = atomic_load_explicit(&P.rest, memory_order_relaxed);
         for (unsigned spins = 1;; spins++) {
             if (atomic_load_explicit(&P.published, memory_order_acquire) != seen)
                 break;
             cpu_relax();
-            if ((spins & 255) == 0 && elapsed_ns(&t0) > atomic_load_explicit(&P.spin_ns, memory_order_relaxed)) {
+            if ((spins & 255) == 0 &&
+                (elapsed_ns(&t0) > atomic_load_explicit(&P.spin_ns, memory_order_relaxed) ||
+                 atomic_load_explicit(&P.rest, memory_order_relaxed) != rest)) {
                 /* sleeping is raised before published is read again, and the caller
                  * bumps published before it reads sleeping: one of the two sees the other */
                 pthread_mutex_lock(&P.sleep_lock);
@@ -231,9 +236,15 @@ static PyObject *set_spin(PyObject *self, PyObject *arg)
     Py_RETURN_NONE;
 }
 
+static PyObject *pool_rest(PyObject *self, PyObject *unused)
+{
+    atomic_fetch_add(&P.rest, 1);
+    Py_RETURN_NONE;
+}
+
 static PyObject *pool_info(PyObject *self, PyObject *unused)
 {
-    return Py_BuildValue("{s:i,s:d}", "workers", P.workers, "spin_us",
+    return Py_BuildValue("{s:i,s:i,s:d}", "workers", P.workers, "sleeping", atomic_load(&P.sleeping), "spin_us",
                          (double)atomic_load(&P.spin_ns) / 1000.0);
 }
 
@@ -278,7 +289,10 @@ static PyObject *pool_selftest(PyObject *self, PyObject *args)
 PyMethodDef pool_methods[] = {
     {"set_spin", set_spin, METH_O,
      "set_spin(microseconds)\n\nHow long an idle pool worker spins for the next job before it sleeps."},
-    {"pool_info", pool_info, METH_NOARGS, "pool_info() -> {'workers': started workers, 'spin_us': spin time}"},
+    {"pool_rest", pool_rest, METH_NOARGS,
+     "pool_rest()\n\nIdle workers stop spinning and sleep now (no run is in progress: their spinning\n"
+     "would only take cores from the application)."},
+    {"pool_info", pool_info, METH_NOARGS, "pool_info() -> {'workers': started, 'sleeping': asleep now, 'spin_us': spin time}"},
     {"pool_selftest", pool_selftest, METH_VARARGS,
      "pool_selftest(count, threads, spin) -> list\n\nRuns count chunks (each a busy loop of spin steps) on the\n"
      "pool and returns how many times each chunk ran (all ones when the pool is sound)."},
