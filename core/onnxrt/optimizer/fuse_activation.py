@@ -6,10 +6,14 @@ onnxruntime's fused ops take them: FusedConv's ``activation_params`` (LeakyRelu:
 alpha; Clip: min, max; HardSigmoid: alpha, beta), FusedGemm's
 ``activation_alpha``/``activation_beta``.
 
-- ``conv_activation_fusion``: ``act(Conv(x, W, b))`` and ``act(Conv(x, W, b) + z)``
-  where ``z`` has exactly the convolution's shape (a residual) -> ``FusedConv``; the
-  ``+`` is an ``Add``, or a ``Sum`` of exactly two inputs (as Caffe2-converted
-  ResNets write their residuals), which is the same addition.
+- ``conv_activation_fusion``: ``act(Conv(x, W, b))``, ``act(Conv(x, W, b) + z)`` and
+  ``Conv(x, W, b) + z`` where ``z`` has exactly the convolution's shape (a residual)
+  -> ``FusedConv`` (without an ``activation`` attribute for the last, which
+  onnxruntime's FusedConv reads as none); the ``+`` is an ``Add``, or a ``Sum`` of
+  exactly two inputs (as Caffe2-converted ResNets write their residuals), which is
+  the same addition. The residual is added to each tile of the output while it is
+  in cache (MobileNetV2's ten projections with a skip: one pass over their outputs
+  fewer).
 - ``gemm_activation_fusion``: ``act(Gemm(a, b, c))`` -> ``FusedGemm`` (not Clip,
   which FusedGemm does not take).
 """
@@ -67,7 +71,7 @@ def _same_shape(a, b) -> bool:
 
 
 def conv_activation_fusion(graph, ctx) -> bool:
-    """``act(Conv(...))`` and ``act(Conv(...) + z)`` -> com.microsoft FusedConv."""
+    """``act(Conv(...))``, ``act(Conv(...) + z)`` and ``Conv(...) + z`` -> com.microsoft FusedConv."""
     view = GraphView(graph, ctx)
     for conv in view.candidates("Conv"):
         if len(conv.outputs) != 1:
@@ -84,13 +88,14 @@ def conv_activation_fusion(graph, ctx) -> bool:
             if not _same_shape(view.shape(z), view.shape(y)) or view.elem_type(z) != view.elem_type(y):
                 continue
             act, params = _activation_after(view, add.outputs[0])
-            if act is None:
-                continue
             inputs = inputs + [""] * (3 - len(inputs)) + [z]
             old.append(add)
-        old.append(act)
-        fused = view.make_node("FusedConv", inputs, [act.outputs[0]], conv.name, domain=MS_DOMAIN,
-                               activation=act.op_type, activation_params=params or None)
+        if act is not None:
+            old.append(act)
+        out = act.outputs[0] if act is not None else old[-1].outputs[0]
+        fused = view.make_node("FusedConv", inputs, [out], conv.name, domain=MS_DOMAIN,
+                               activation=act.op_type if act is not None else None,
+                               activation_params=params or None)
         fused.attrs.update(conv.attrs)
         view.replace(old, [fused])
     return view.finish()

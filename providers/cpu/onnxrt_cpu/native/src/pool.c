@@ -40,7 +40,7 @@ static struct {
     _Atomic int limit;          /* workers allowed to join the current job */
     _Atomic unsigned published; /* bumped once per job: what idle workers wait on */
     _Atomic int sleeping;
-    _Atomic unsigned rest; /* bumped by pool_rest: spinning workers sleep at once */
+    _Atomic unsigned rest_at; /* pool_rest: workers who saw this job sleep at once */
     _Atomic long spin_ns;
     uint64_t generation;
     int workers;
@@ -50,6 +50,7 @@ static struct {
     pthread_cond_t wake;
 } P = {
     .spin_ns = 200000,
+    .rest_at = ~0u,
     .busy = PTHREAD_MUTEX_INITIALIZER,
     .grow = PTHREAD_MUTEX_INITIALIZER,
     .sleep_lock = PTHREAD_MUTEX_INITIALIZER,
@@ -88,14 +89,13 @@ static void *worker(void *arg)
     for (;;) {
         struct timespec t0;
         clock_gettime(CLOCK_MONOTONIC, &t0);
-        unsigned rest = atomic_load_explicit(&P.rest, memory_order_relaxed);
         for (unsigned spins = 1;; spins++) {
             if (atomic_load_explicit(&P.published, memory_order_acquire) != seen)
                 break;
             cpu_relax();
             if ((spins & 255) == 0 &&
                 (elapsed_ns(&t0) > atomic_load_explicit(&P.spin_ns, memory_order_relaxed) ||
-                 atomic_load_explicit(&P.rest, memory_order_relaxed) != rest)) {
+                 atomic_load_explicit(&P.rest_at, memory_order_relaxed) == seen)) {
                 /* sleeping is raised before published is read again, and the caller
                  * bumps published before it reads sleeping: one of the two sees the other */
                 pthread_mutex_lock(&P.sleep_lock);
@@ -238,7 +238,9 @@ static PyObject *set_spin(PyObject *self, PyObject *arg)
 
 static PyObject *pool_rest(PyObject *self, PyObject *unused)
 {
-    atomic_fetch_add(&P.rest, 1);
+    /* by job, not by call: a worker still on its way back from the last job (or
+     * from a wake-up it had no part in) finds it when it starts to spin */
+    atomic_store(&P.rest_at, atomic_load(&P.published));
     Py_RETURN_NONE;
 }
 
