@@ -415,3 +415,111 @@ def test_pool_workers_sleep_as_soon_as_no_run_is_in_progress():
         assert native.K.pool_selftest(500, 2, 100) == [1] * 500
     finally:
         native.K.set_spin(200.0)
+
+
+def _unary_model(op, shape, dtype=TensorProto.FLOAT, domain="", **attrs):
+    opsets = [helper.make_opsetid("", 24)] + ([helper.make_opsetid(domain, 1)] if domain else [])
+    graph = helper.make_graph([helper.make_node(op, ["x"], ["y"], domain=domain, **attrs)], "g",
+                              [helper.make_tensor_value_info("x", dtype, list(shape))],
+                              [helper.make_tensor_value_info("y", dtype, None)])
+    return helper.make_model(graph, opset_imports=opsets, ir_version=10).SerializeToString()
+
+
+def _extremes(shape, seed=0):
+    """Normal values, then the float32 extremes the activations must get right: NaN,
+    both infinities, zeros of both signs, the arguments where exp over- and underflows."""
+    x = (np.random.default_rng(seed).standard_normal(shape) * 8).astype(np.float32)
+    flat = x.reshape(-1)
+    flat[:12] = [np.nan, np.inf, -np.inf, 0.0, -0.0, 88.7, -88.7, 89.0, -104.5, 1e-30, -1e-30, 200.0]
+    return x
+
+
+def _swish(alpha):
+    """x / (1 + exp(t)) in float64 for t = -alpha * x rounded to float32, as both
+    paths compute it: exp magnifies that rounding (by up to |t| ulp), the same for both."""
+    return lambda x: x / (1 + np.exp((x.astype(np.float32) * np.float32(-alpha)).astype(np.float64)))
+
+
+# (op, domain, attributes, the formula in float64)
+UNARY = [
+    ("Relu", "", {}, lambda x: np.maximum(x, 0)),
+    ("Sigmoid", "", {}, lambda x: 1 / (1 + np.exp(-x))),
+    ("QuickGelu", "com.microsoft", {"alpha": 1.702}, _swish(1.702)),
+    ("Swish", "", {"alpha": 0.5}, _swish(0.5)),
+]
+
+
+@needs_native
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("op, domain, attrs, formula", UNARY, ids=[u[0] for u in UNARY])
+def test_activations_match_the_numpy_paths_to_a_few_ulp(op, domain, attrs, formula, threads, request, monkeypatch):
+    shape = (3, 50, 700)  # several chunks of the pool
+    x = _extremes(shape)
+    model = _unary_model(op, shape, domain=domain, **attrs)
+    counting = _Counting(native.K)
+    monkeypatch.setattr(native, "K", counting)
+    got = _run(model, {"x": x}, threads)
+    assert counting.calls == {"unary": 1}
+    with np.errstate(all="ignore"):
+        exact = formula(x.astype(np.float64)).astype(np.float32)
+    assert np.array_equal(np.isnan(got), np.isnan(exact))
+    both = np.isfinite(exact)
+    assert np.array_equal(got[~both & ~np.isnan(exact)], exact[~both & ~np.isnan(exact)])  # the infinities
+    # within 4 units in the last place, or 1e-37 absolutely where the result is
+    # subnormal (the compiled exp flushes none, the divisions round there)
+    spacing = np.spacing(np.abs(exact[both])).astype(np.float64)
+    err = np.abs(got[both].astype(np.float64) - exact[both])
+    assert (err <= np.maximum(4 * spacing, 1e-37)).all(), float((err / spacing).max())
+    request.getfixturevalue("numpy_kernels")
+    numpy_path = _run(model, {"x": x}, threads)
+    np.testing.assert_allclose(got, numpy_path, rtol=1e-6, atol=1e-37)
+
+
+@needs_native
+def test_small_and_non_float32_activations_stay_on_the_numpy_paths(monkeypatch):
+    counting = _Counting(native.K)
+    monkeypatch.setattr(native, "K", counting)
+    small = np.linspace(-5, 5, native.UNARY_MIN - 1, dtype=np.float32)
+    assert native.unary(small, native.SIGMOID) is None
+    assert native.unary(small.astype(np.float64).repeat(2), native.SIGMOID) is None
+    assert native.unary(np.ones((100, 100), np.float32)[:, ::2], native.RELU) is None
+    assert not counting.calls
+    big = np.linspace(-5, 5, native.UNARY_MIN, dtype=np.float32)
+    np.testing.assert_array_equal(native.unary(big, native.CLIP, -1.0, 2.0), np.clip(big, -1.0, 2.0))
+    assert counting.calls == {"unary": 1}
+
+
+def _bn_model(shape, dtype, seed=0):
+    rng = np.random.default_rng(seed)
+    c = shape[1]
+    et = TensorProto.FLOAT if dtype == np.float32 else TensorProto.DOUBLE
+    params = [rng.standard_normal(c), rng.standard_normal(c), rng.standard_normal(c), rng.random(c) + 0.1]
+    inits = [numpy_helper.from_array(p.astype(dtype), n) for p, n in zip(params, "sbmv")]
+    graph = helper.make_graph([helper.make_node("BatchNormalization", ["x", "s", "b", "m", "v"], ["y"],
+                                                epsilon=1e-3)], "g",
+                              [helper.make_tensor_value_info("x", et, list(shape))],
+                              [helper.make_tensor_value_info("y", et, None)], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 15)], ir_version=8).SerializeToString()
+
+
+@needs_native
+@pytest.mark.parametrize("shape, dtype", [((2, 64, 28, 28), np.float32), ((1, 8, 300, 300), np.float32),
+                                          ((5, 40), np.float32), ((3, 6, 10, 11), np.float64),
+                                          ((1, 3, 2, 5, 7), np.float32)])
+def test_batch_normalization_matches_the_numpy_path_and_onnxruntime(shape, dtype, request, monkeypatch):
+    model = _bn_model(shape, dtype)
+    x = np.random.default_rng(1).standard_normal(shape).astype(dtype)
+    counting = _Counting(native.K)
+    monkeypatch.setattr(native, "K", counting)
+    got = [_run(model, {"x": x}, t, ort.GraphOptimizationLevel.ORT_DISABLE_ALL) for t in (1, 2)]
+    assert counting.calls == {"channel_affine": 2}
+    tol = 1e-5 if dtype == np.float32 else 1e-12
+    want = rt.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    for g in got:
+        assert g.dtype == dtype
+        np.testing.assert_allclose(g, want, rtol=tol, atol=tol)
+    # the compiled x * a + s is one fused multiply-add, numpy's two roundings: one ulp apart
+    request.getfixturevalue("numpy_kernels")
+    ulp = np.finfo(dtype).eps
+    np.testing.assert_allclose(got[0], _run(model, {"x": x}, 1, ort.GraphOptimizationLevel.ORT_DISABLE_ALL),
+                               rtol=2 * ulp, atol=2 * ulp)

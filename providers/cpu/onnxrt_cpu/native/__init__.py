@@ -24,7 +24,8 @@ import importlib
 import os
 from types import ModuleType
 
-__all__ = ["K", "BLAS", "kernels", "blas_ready", "status"]
+__all__ = ["K", "BLAS", "RELU", "CLIP", "SIGMOID", "SWISH", "kernels", "blas_ready", "channel_affine", "status",
+           "unary"]
 
 _module: ModuleType | None = None
 _reason: str | None = None
@@ -164,3 +165,54 @@ K: ModuleType | None = kernels()
 
 #: Whether :data:`K`'s products go through numpy's BLAS (its convolutions need it).
 BLAS: bool = blas_ready()
+
+
+#: ``unary`` ops
+RELU, CLIP, SIGMOID, SWISH = 1, 2, 3, 4
+
+#: Elements from which an elementwise op goes to the compiled kernel: below this,
+#: numpy's call costs no more than the compiled one.
+UNARY_MIN = 4096
+
+
+def unary(x, op: int, alpha: float = 0.0, beta: float = 0.0):
+    """``op(x)`` (:data:`RELU`, :data:`CLIP` to ``[alpha, beta]``, :data:`SIGMOID`,
+    :data:`SWISH` ``x * sigmoid(alpha * x)``) by the compiled kernel, one pass split
+    over the run's threads; None where it does not take ``x`` (not loaded, or not a
+    C-contiguous float32 numpy array of at least :data:`UNARY_MIN` elements)."""
+    import numpy as np
+
+    k = K
+    if k is None or type(x) is not np.ndarray or x.dtype != np.float32 or x.size < UNARY_MIN \
+            or not x.flags.c_contiguous:
+        return None
+    from onnxrt.threads import current_thread_count
+
+    y = np.empty_like(x)
+    k.unary(x, y, op, float(alpha), float(beta), current_thread_count())
+    return y
+
+
+def channel_affine(x, a, s):
+    """``x * a[c] + s[c]`` over the channel axis 1 of ``x`` (inference
+    BatchNormalization) by the compiled kernel, one pass split
+    over the run's threads; None where it does not take ``x`` (not loaded, not a
+    C-contiguous float32/64 numpy array of rank 2 or more, or ``a`` and ``s`` not
+    ``[C]`` vectors of its type)."""
+    import numpy as np
+
+    k = K
+    if k is None or type(x) is not np.ndarray or x.dtype not in (np.float32, np.float64) or x.ndim < 2 \
+            or x.size == 0 or not x.flags.c_contiguous:
+        return None
+    c = x.shape[1]
+    a = np.ascontiguousarray(a, dtype=x.dtype).reshape(-1)
+    s = np.ascontiguousarray(s, dtype=x.dtype).reshape(-1)
+    if a.shape != (c,) or s.shape != (c,):
+        return None
+    from onnxrt.threads import current_thread_count
+
+    y = np.empty_like(x)
+    inner = x.size // (x.shape[0] * c)
+    k.channel_affine(x, a, s, y, c, inner, current_thread_count())
+    return y

@@ -2,7 +2,7 @@
 #include "native.h"
 
 static PyMethodDef *const tables[] = {pool_methods, blas_methods, depthwise_methods, conv_methods,
-                                      pool2d_methods};
+                                      pool2d_methods, elementwise_methods};
 
 static PyMethodDef methods[64];
 

@@ -116,5 +116,6 @@ extern PyMethodDef blas_methods[];
 extern PyMethodDef depthwise_methods[];
 extern PyMethodDef conv_methods[];
 extern PyMethodDef pool2d_methods[];
+extern PyMethodDef elementwise_methods[];
 
 #endif
