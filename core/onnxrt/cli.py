@@ -136,11 +136,12 @@ def cmd_providers(args) -> int:
     from rich.table import Table
 
     table = Table(title="onnxrt execution providers")
-    for col in ("provider", "aliases", "priority", "available", "reason", "distribution", "version"):
+    for col in ("provider", "aliases", "priority", "available", "reason", "distribution", "version", "details"):
         table.add_column(col)
     for p in ort.get_provider_info():
         table.add_row(p["name"], ", ".join(p["aliases"]), str(p["priority"]),
-                      "yes" if p["available"] else "no", p["reason"], p["distribution"], p["version"])
+                      "yes" if p["available"] else "no", p["reason"], p["distribution"], p["version"],
+                      p.get("details", ""))
     console().print(table)
     return 0
 

@@ -50,6 +50,7 @@ class ProviderInfo:
     reason: str
     distribution: str
     version: str
+    details: str = ""
 
     def as_dict(self) -> dict[str, Any]:
         """The fields as a plain dict."""
@@ -257,13 +258,19 @@ def get_available_providers() -> list[str]:
 
 def get_provider_info() -> list[dict[str, Any]]:
     """For every installed provider (and every plugin that failed to load): name,
-    aliases, priority, available, reason, distribution and version."""
+    aliases, priority, available, reason, distribution, version and details (the
+    provider's own one-line report, :meth:`ExecutionProvider.details`)."""
     out = []
     reg = provider_registry()
     for c in reg.classes():
         why = _availability(c)
         dist, ver = c.distribution or ("", "")
-        out.append(ProviderInfo(c.name, tuple(c.aliases), c.priority, why is None, why or "", dist, ver).as_dict())
+        try:
+            details = str(c.details() or "")
+        except Exception as e:  # a provider's report must not break the listing
+            details = f"details unavailable ({type(e).__name__}: {e})"
+        out.append(ProviderInfo(c.name, tuple(c.aliases), c.priority, why is None, why or "", dist, ver,
+                                details).as_dict())
     for b in reg.broken:
         out.append(ProviderInfo(b.entry_point, (), 0, False, b.reason, b.distribution, b.version).as_dict())
     return out

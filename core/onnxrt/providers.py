@@ -156,6 +156,13 @@ class ExecutionProvider:
         return None
 
     @classmethod
+    def details(cls) -> str:
+        """What else a user should know about this provider here, in one line (which
+        optional accelerated kernels it loaded, say); empty by default. Shown by
+        ``onnxrt providers`` and ``get_provider_info()``; keep it cheap."""
+        return ""
+
+    @classmethod
     def validate_options(cls, options: dict[str, Any]) -> dict[str, Any]:
         """Check and convert provider options; an unknown key is an error."""
         out = dict(cls.default_options)

@@ -523,3 +523,44 @@ def test_batch_normalization_matches_the_numpy_path_and_onnxruntime(shape, dtype
     ulp = np.finfo(dtype).eps
     np.testing.assert_allclose(got[0], _run(model, {"x": x}, 1, ort.GraphOptimizationLevel.ORT_DISABLE_ALL),
                                rtol=2 * ulp, atol=2 * ulp)
+
+
+@needs_native
+def test_provider_info_says_the_compiled_kernels_are_loaded():
+    cpu = {p["name"]: p for p in ort.get_provider_info()}["CPUExecutionProvider"]
+    assert cpu["details"].startswith("compiled kernels loaded, products through ")
+
+
+def test_onnxrt_cpu_native_0_runs_the_numpy_paths_and_says_so():
+    """With the compiled kernels turned off the provider still runs everything, and
+    ``get_provider_info`` says why they are not in use."""
+    import subprocess
+    import sys
+
+    code = (
+        "import numpy as np, onnxrt\n"
+        "from onnxrt_cpu import native\n"
+        "from tests.cpu.test_native_kernels import _conv_model, GEOMETRIES\n"
+        "x_shape, w_shape, attrs = GEOMETRIES[13]\n"
+        "m = _conv_model(x_shape, w_shape, act='Relu', **attrs)\n"
+        "x = np.random.default_rng(0).standard_normal(x_shape).astype(np.float32)\n"
+        "y = onnxrt.InferenceSession(m, providers=['cpu']).run(None, {'x': x})[0]\n"
+        "np.save(__import__('sys').argv[1], y)\n"
+        "cpu = {p['name']: p for p in onnxrt.get_provider_info()}['CPUExecutionProvider']\n"
+        "print(native.K is None, cpu['details'])\n"
+    )
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        out = os.path.join(d, "y.npy")
+        env = dict(os.environ, ONNXRT_CPU_NATIVE="0")
+        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        r = subprocess.run([sys.executable, "-c", code, out], env=env, cwd=root, capture_output=True, text=True,
+                           timeout=120)
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.strip() == "True numpy kernels only: compiled kernels turned off by ONNXRT_CPU_NATIVE=0"
+        x_shape, w_shape, attrs = GEOMETRIES[13]
+        model = _conv_model(x_shape, w_shape, act="Relu", **attrs)
+        x = np.random.default_rng(0).standard_normal(x_shape).astype(np.float32)
+        want = rt.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+        np.testing.assert_allclose(np.load(out), want, rtol=1e-5, atol=1e-5)

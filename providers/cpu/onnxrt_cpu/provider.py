@@ -9,7 +9,9 @@ __all__ = ["CPUExecutionProvider"]
 
 
 class CPUExecutionProvider(ExecutionProvider):
-    """Runs every ONNX operator on the host with numpy.
+    """Runs every ONNX operator on the host with numpy, and the hottest ones
+    (convolutions, pooling, activations) through optional compiled kernels
+    (``onnxrt_cpu.native``) where they were built.
 
     It comes last in every session, so it must run whatever the other providers
     leave. Its kernels are also used for constant folding.
@@ -19,6 +21,21 @@ class CPUExecutionProvider(ExecutionProvider):
     aliases = ("cpu",)
     priority = 0
     option_types = {}
+
+    @classmethod
+    def details(cls) -> str:
+        """Whether the compiled kernels (``onnxrt_cpu.native``) are loaded, and their
+        BLAS, or why not."""
+        from . import native
+
+        st = native.status()
+        if not st["loaded"]:
+            return f"numpy kernels only: compiled kernels {st['reason']}"
+        if not st["blas"]:
+            return f"compiled kernels loaded; convolutions on numpy ({st['blas_reason']})"
+        import os
+
+        return f"compiled kernels loaded, products through {os.path.basename(st['blas'])}"
 
     @classmethod
     def build_registry(cls) -> KernelRegistry:
