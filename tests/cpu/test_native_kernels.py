@@ -564,3 +564,20 @@ def test_onnxrt_cpu_native_0_runs_the_numpy_paths_and_says_so():
         x = np.random.default_rng(0).standard_normal(x_shape).astype(np.float32)
         want = rt.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
         np.testing.assert_allclose(np.load(out), want, rtol=1e-5, atol=1e-5)
+
+
+@needs_native
+def test_a_huge_kernel_is_refused_before_allocating_and_the_numpy_path_takes_it(monkeypatch):
+    """A kernel of 1100 x 1100 taps over a 64 x 64 output would need 310 MB of gathered
+    columns per tile: the compiled kernel refuses with MemoryError before allocating,
+    and the convolution falls back to the numpy path, which gathers in bounded bands."""
+    x = np.zeros((1, 1, 1163, 1163), np.float32)
+    w = np.zeros((1, 1100 * 1100), np.float32)
+    y = np.empty((1, 1, 64, 64), np.float32)
+    with pytest.raises(MemoryError, match="gathered columns exceed"):
+        native.K.conv2d(x, w, None, None, y, (1, 1, 1163, 1163, 1, 1, 1100, 1100, 1, 1, 1, 1, 0, 0, 64, 64),
+                        0, 0.0, 0.0, 1)
+    from onnxrt_cpu.kernels import conv
+
+    wp = conv._ConvWeights(w.reshape(1, 1, 1100, 1100), 1, np.dtype(np.float32))
+    assert not conv._conv_native(x, wp, (1, 1), (1, 1), (0, 0), (0, 0), (64, 64), y, 0, None, None, None)

@@ -1024,9 +1024,14 @@ def _conv_native(x, wp, strides, dilations, pb, pe, out_sp, y, pad_value, bias, 
     if residual is not None:
         residual = np.ascontiguousarray(residual, dtype=x.dtype)
     kind, lo, hi = _native_act(act)
-    native.K.conv2d(x4, wp.gemm, bias, residual, y,
-                   (n, c, h, w_, m, wp.group, kh, kw, sh, sw, dh, dw, pt, pl, oh, ow), kind, lo, hi,
-                   parallel.thread_count())
+    try:
+        native.K.conv2d(x4, wp.gemm, bias, residual, y,
+                        (n, c, h, w_, m, wp.group, kh, kw, sh, sw, dh, dw, pt, pl, oh, ow), kind, lo, hi,
+                        parallel.thread_count())
+    except MemoryError:
+        # a kernel so large that a tile of its gathered columns passes the compiled
+        # kernel's limit: the numpy path gathers in bounded bands
+        return False
     return True
 
 

@@ -42,6 +42,10 @@ typedef struct {
 #define TILE_BYTES (1024 * 1024)
 #define MIN_COLS 64
 
+/* Most bytes of gathered columns a call may hold (the caller falls back to a path
+ * that gathers in bounded bands). */
+#define SCRATCH_LIMIT (256.0 * 1024 * 1024)
+
 #define T float
 #define SFX(name) name##_f32
 #define GEMM gemm_f32
@@ -154,6 +158,16 @@ static PyObject *conv2d(PyObject *self, PyObject *args)
     if (g.n == 0)
         goto done;
     conv_plan(&job, itemsize, threads);
+    {
+        /* the gathered columns a thread holds at once: a weight of a huge kernel over a
+         * small map (a hostile model) must not ask for gigabytes here */
+        double need = (double)K * (double)(job.mode == MODE_ROWS ? g.oh * g.ow : job.cols) * (double)itemsize;
+        if (!job.pointwise && need > SCRATCH_LIMIT) {
+            PyErr_Format(PyExc_MemoryError, "conv2d: %.0f bytes of gathered columns exceed the %.0f-byte limit",
+                         need, (double)SCRATCH_LIMIT);
+            goto done;
+        }
+    }
     Py_BEGIN_ALLOW_THREADS
     if (job.mode == MODE_ROWS && !job.pointwise) {
         job.shared = scratch(1, (size_t)(K * g.oh * g.ow) * (size_t)itemsize);
