@@ -446,7 +446,14 @@ UNARY = [
     ("Sigmoid", "", {}, lambda x: 1 / (1 + np.exp(-x))),
     ("QuickGelu", "com.microsoft", {"alpha": 1.702}, _swish(1.702)),
     ("Swish", "", {"alpha": 0.5}, _swish(0.5)),
+    ("Gelu", "", {}, None),  # the float64 erf form, against the scipy-free formula below
 ]
+
+
+def _gelu64(x):
+    from math import erf
+
+    return 0.5 * x * (1 + np.vectorize(erf)(x / np.sqrt(2.0)))
 
 
 @needs_native
@@ -461,18 +468,24 @@ def test_activations_match_the_numpy_paths_to_a_few_ulp(op, domain, attrs, formu
     got = _run(model, {"x": x}, threads)
     assert counting.calls == {"unary": 1}
     with np.errstate(all="ignore"):
-        exact = formula(x.astype(np.float64)).astype(np.float32)
+        exact = (formula or _gelu64)(x.astype(np.float64)).astype(np.float32)
     assert np.array_equal(np.isnan(got), np.isnan(exact))
     both = np.isfinite(exact)
     assert np.array_equal(got[~both & ~np.isnan(exact)], exact[~both & ~np.isnan(exact)])  # the infinities
-    # within 4 units in the last place, or 1e-37 absolutely where the result is
-    # subnormal (the compiled exp flushes none, the divisions round there)
     spacing = np.spacing(np.abs(exact[both])).astype(np.float64)
     err = np.abs(got[both].astype(np.float64) - exact[both])
-    assert (err <= np.maximum(4 * spacing, 1e-37)).all(), float((err / spacing).max())
+    if formula is None:
+        # Gelu's fitted erf is the numpy path's too: 5.7e-7 of the exact function,
+        # scaled by |x| / 2, or 4 ulp
+        assert (err <= np.maximum(5.7e-7 * np.abs(x[both]) / 2 + 1e-7, 4 * spacing)).all()
+    else:
+        # within 4 units in the last place, or 1e-37 absolutely where the result is
+        # subnormal (the compiled exp flushes none, the divisions round there)
+        assert (err <= np.maximum(4 * spacing, 1e-37)).all(), float((err / spacing).max())
     request.getfixturevalue("numpy_kernels")
     numpy_path = _run(model, {"x": x}, threads)
-    np.testing.assert_allclose(got, numpy_path, rtol=1e-6, atol=1e-37)
+    # Gelu: numpy's tanh and the compiled one (through exp) each within a few ulp of 1
+    np.testing.assert_allclose(got, numpy_path, rtol=1e-6, atol=1e-37 if formula else 1e-6)
 
 
 @needs_native
@@ -581,3 +594,29 @@ def test_a_huge_kernel_is_refused_before_allocating_and_the_numpy_path_takes_it(
 
     wp = conv._ConvWeights(w.reshape(1, 1, 1100, 1100), 1, np.dtype(np.float32))
     assert not conv._conv_native(x, wp, (1, 1), (1, 1), (0, 0), (0, 0), (64, 64), y, 0, None, None, None)
+
+
+@needs_native
+@pytest.mark.parametrize("threads", [1, 2])
+def test_bias_gelu_adds_its_bias_in_the_same_pass(threads, request, monkeypatch):
+    shape = (2, 64, 384)  # rows of 384: several rows a chunk, several chunks
+    rng = np.random.default_rng(2)
+    x = (rng.standard_normal(shape) * 3).astype(np.float32)
+    b = rng.standard_normal(384).astype(np.float32)
+    graph = helper.make_graph([helper.make_node("BiasGelu", ["x", "b"], ["y"], domain="com.microsoft")], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(shape)),
+                               helper.make_tensor_value_info("b", TensorProto.FLOAT, [384])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                    helper.make_opsetid("com.microsoft", 1)],
+                              ir_version=8).SerializeToString()
+    counting = _Counting(native.K)
+    monkeypatch.setattr(native, "K", counting)
+    got = _run(model, {"x": x, "b": b}, threads)
+    assert counting.calls == {"unary": 1}
+    exact = _gelu64(x.astype(np.float64) + b)
+    np.testing.assert_allclose(got, exact, rtol=0, atol=5.7e-7 * 12 / 2 + 1e-6)
+    want = rt.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, {"x": x, "b": b})[0]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    request.getfixturevalue("numpy_kernels")
+    np.testing.assert_allclose(got, _run(model, {"x": x, "b": b}, threads), rtol=1e-6, atol=1e-6)

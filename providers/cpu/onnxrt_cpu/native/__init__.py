@@ -24,7 +24,7 @@ import importlib
 import os
 from types import ModuleType
 
-__all__ = ["K", "BLAS", "RELU", "CLIP", "SIGMOID", "SWISH", "kernels", "blas_ready", "channel_affine", "status",
+__all__ = ["K", "BLAS", "RELU", "CLIP", "SIGMOID", "SWISH", "GELU", "kernels", "blas_ready", "channel_affine", "status",
            "unary"]
 
 _module: ModuleType | None = None
@@ -168,28 +168,35 @@ BLAS: bool = blas_ready()
 
 
 #: ``unary`` ops
-RELU, CLIP, SIGMOID, SWISH = 1, 2, 3, 4
+RELU, CLIP, SIGMOID, SWISH, GELU = 1, 2, 3, 4, 5
 
 #: Elements from which an elementwise op goes to the compiled kernel: below this,
 #: numpy's call costs no more than the compiled one.
 UNARY_MIN = 4096
 
 
-def unary(x, op: int, alpha: float = 0.0, beta: float = 0.0):
+def unary(x, op: int, alpha: float = 0.0, beta: float = 0.0, bias=None):
     """``op(x)`` (:data:`RELU`, :data:`CLIP` to ``[alpha, beta]``, :data:`SIGMOID`,
-    :data:`SWISH` ``x * sigmoid(alpha * x)``) by the compiled kernel, one pass split
+    :data:`SWISH` ``x * sigmoid(alpha * x)``, :data:`GELU` in its erf form) by the
+    compiled kernel, one pass split
     over the run's threads; None where it does not take ``x`` (not loaded, or not a
-    C-contiguous float32 numpy array of at least :data:`UNARY_MIN` elements)."""
+    C-contiguous float32 numpy array of at least :data:`UNARY_MIN` elements). With a
+    ``bias`` (a float32 vector as long as ``x``'s last axis) the op applies to ``x +
+    bias``, added in the same pass (BiasGelu)."""
     import numpy as np
 
     k = K
     if k is None or type(x) is not np.ndarray or x.dtype != np.float32 or x.size < UNARY_MIN \
-            or not x.flags.c_contiguous:
+            or not x.flags.c_contiguous or x.ndim == 0:
         return None
+    if bias is not None:
+        if type(bias) is not np.ndarray or bias.dtype != np.float32 or bias.shape != x.shape[-1:]:
+            return None
+        bias = np.ascontiguousarray(bias)
     from onnxrt.threads import current_thread_count
 
     y = np.empty_like(x)
-    k.unary(x, y, op, float(alpha), float(beta), current_thread_count())
+    k.unary(x, y, op, float(alpha), float(beta), current_thread_count(), bias)
     return y
 
 
