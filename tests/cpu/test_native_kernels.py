@@ -27,6 +27,7 @@ from onnx.reference import ReferenceEvaluator
 
 import onnxrt as ort
 from onnxrt_cpu import native
+from tests.ort_oracle import int8_weight_range
 
 rt = pytest.importorskip("onnxruntime")
 
@@ -620,3 +621,88 @@ def test_bias_gelu_adds_its_bias_in_the_same_pass(threads, request, monkeypatch)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
     request.getfixturevalue("numpy_kernels")
     np.testing.assert_allclose(got, _run(model, {"x": x, "b": b}, threads), rtol=1e-6, atol=1e-6)
+
+
+def _qconv_model(x_shape, w, *, x_type, y_type, w_scale, bias, xz, yz, **attrs):
+    et = {np.uint8: TensorProto.UINT8, np.int8: TensorProto.INT8}
+    inits = [numpy_helper.from_array(v, n) for n, v in (
+        ("xs", np.array(0.05, np.float32)), ("xz", np.array(xz, x_type)), ("w", w),
+        ("ws", np.asarray(w_scale, np.float32)), ("wz", np.zeros(np.asarray(w_scale).shape, np.int8)),
+        ("ys", np.array(0.07, np.float32)), ("yz", np.array(yz, y_type)))]
+    ins = ["x", "xs", "xz", "w", "ws", "wz", "ys", "yz"]
+    if bias is not None:
+        inits.append(numpy_helper.from_array(bias, "b"))
+        ins.append("b")
+    graph = helper.make_graph([helper.make_node("QLinearConv", ins, ["y"], **attrs)], "g",
+                              [helper.make_tensor_value_info("x", et[x_type], list(x_shape))],
+                              [helper.make_tensor_value_info("y", et[y_type], None)], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8).SerializeToString()
+
+
+# (input shape, weight shape, attributes, input type, output type, per-channel scales, bias)
+QCONVS = [
+    ((8, 3, 32, 32), (16, 3, 7, 7), {"strides": [2, 2], "pads": [3, 3, 3, 3]}, np.uint8, np.uint8, False, True),
+    ((2, 16, 14, 14), (32, 16, 3, 3), {"pads": [1, 1, 1, 1]}, np.int8, np.int8, True, True),
+    ((1, 24, 9, 9), (40, 24, 1, 1), {}, np.uint8, np.int8, True, False),
+    ((1, 64, 7, 7), (96, 64, 3, 3), {"pads": [1, 1, 1, 1]}, np.uint8, np.uint8, False, True),  # rows mode
+    ((2, 12, 10, 11), (12, 3, 3, 3), {"group": 4, "pads": [0, 1, 2, 1], "dilations": [2, 1]}, np.int8, np.uint8,
+     True, True),
+    ((3, 8, 40), (10, 8, 5), {"pads": [2, 2], "strides": [2]}, np.uint8, np.uint8, False, True),
+]
+
+
+@needs_native
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("case", QCONVS, ids=[f"q{i}" for i in range(len(QCONVS))])
+def test_qlinear_conv_matches_onnxruntime_and_the_numpy_path_exactly(case, threads, request, monkeypatch):
+    """Bit for bit: the products are exact integers in float32 and the requantization is
+    onnxruntime's (the weights keep within [-64, 63] where onnxruntime's own u8 x s8
+    products may saturate in pairs, tests/ort_oracle.py). Mixed input and output types,
+    which onnxruntime does not implement, against the numpy path alone."""
+    x_shape, w_shape, attrs, x_type, y_type, per_channel, with_bias = case
+    rng = np.random.default_rng(11)
+    lo, hi = int8_weight_range() if x_type == np.uint8 else (-128, 128)
+    w = rng.integers(lo, hi, w_shape).astype(np.int8)
+    m = w_shape[0]
+    scale = (rng.random(m) * 0.02 + 0.005) if per_channel else 0.01
+    bias = rng.integers(-5000, 5000, m).astype(np.int32) if with_bias else None
+    info = np.iinfo(x_type)
+    xz = (info.max + info.min + 1) // 2 + 3
+    yz = 7 if y_type == np.int8 else 120
+    model = _qconv_model(x_shape, w, x_type=x_type, y_type=y_type, w_scale=scale, bias=bias, xz=xz, yz=yz, **attrs)
+    x = rng.integers(info.min, info.max + 1, x_shape).astype(x_type)
+    counting = _Counting(native.K)
+    monkeypatch.setattr(native, "K", counting)
+    got = _run(model, {"x": x}, threads, ort.GraphOptimizationLevel.ORT_DISABLE_ALL)
+    assert counting.calls == {"qconv2d": 1} and got.dtype == y_type
+    if x_type == y_type:  # onnxruntime implements no mixed 8-bit types here
+        want = rt.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+        np.testing.assert_array_equal(got, want)
+    assert len(np.unique(got)) > 20  # neither saturated nor constant
+    request.getfixturevalue("numpy_kernels")
+    np.testing.assert_array_equal(got, _run(model, {"x": x}, threads, ort.GraphOptimizationLevel.ORT_DISABLE_ALL))
+
+
+@needs_native
+def test_qlinear_conv_past_the_exact_bound_takes_the_numpy_path(monkeypatch):
+    """58 channels of 3x3 weights of 127 on inputs of 255 reach 16.9M, past float32's
+    exact integers (2**24 = 16.8M): the compiled kernel is not used, and the result is
+    still exact."""
+    c, m = 58, 4
+    w = np.full((m, c, 3, 3), 127, np.int8)
+    model = _qconv_model((1, c, 6, 6), w, x_type=np.uint8, y_type=np.uint8, w_scale=0.001, bias=None, xz=0, yz=0,
+                         pads=[1, 1, 1, 1])
+    x = np.full((1, c, 6, 6), 255, np.uint8)
+    x[0, :, 0] = 3
+    counting = _Counting(native.K)
+    monkeypatch.setattr(native, "K", counting)
+    got = _run(model, {"x": x}, 1, ort.GraphOptimizationLevel.ORT_DISABLE_ALL)
+    assert "qconv2d" not in counting.calls
+    acc = np.zeros((m, 6, 6), np.int64)
+    xp = np.pad(x[0].astype(np.int64), ((0, 0), (1, 1), (1, 1)))
+    for ky in range(3):
+        for kx in range(3):
+            acc += np.einsum("mc,chw->mhw", w[:, :, ky, kx].astype(np.int64), xp[:, ky:ky + 6, kx:kx + 6])
+    mult = np.float32(0.05) * np.float32(0.001) / np.float32(0.07)
+    want = np.clip(np.rint(acc.astype(np.float32) * mult), 0, 255).astype(np.uint8)
+    np.testing.assert_array_equal(got[0], want)

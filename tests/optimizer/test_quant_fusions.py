@@ -513,6 +513,7 @@ def _qconv_session(w, wz, b, const, x_type, **attrs):
 
 
 @pytest.mark.parametrize("case", ["stem", "per_channel_bias", "long_k", "long_k_one_image", "uint8_one_by_one"])
+@pytest.mark.usefixtures("numpy_kernels")  # the numpy paths; the compiled one: tests/cpu/test_native_kernels.py
 def test_qlinear_conv_constant_weight_path_matches_fed_weight(case, monkeypatch):
     """Constant weights take a batched channels-last im2col (one copy and GEMMs split
     over images, K cut into exact float32 chunks when long); fed weights take the

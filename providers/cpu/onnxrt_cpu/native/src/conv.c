@@ -12,6 +12,8 @@
  */
 #include "native.h"
 
+#include <math.h>
+
 typedef struct {
     Py_ssize_t n, c, h, w, m, groups, kh, kw, sh, sw, dh, dw, pt, pl, oh, ow;
 } conv_geometry;
@@ -30,6 +32,12 @@ typedef struct {
     Py_ssize_t image, group;
     int mode, pointwise, act, failed;
     double lo, hi;
+    /* QLinearConv: 8-bit input centred on its zero point in the gather (exact in
+     * float32, as the caller checked), each tile requantized into the 8-bit output */
+    int quant, x_signed, y_signed;
+    double xzp, yzp;
+    const float *mult; /* [mult_n]: x_scale * w_scale / y_scale, per channel or one */
+    Py_ssize_t mult_n;
 } conv_job;
 
 /* Bytes of one column chunk's gathered columns and output tile: about the L2 cache
@@ -46,22 +54,71 @@ typedef struct {
  * that gathers in bounded bands). */
 #define SCRATCH_LIMIT (256.0 * 1024 * 1024)
 
+#define IM_SRC float
+#define IM_DST float
+#define IM_NAME im2col_f32
+#define IM_LOAD(v) (v)
+#include "im2col.h"
+#define IM_SRC double
+#define IM_DST double
+#define IM_NAME im2col_f64
+#define IM_LOAD(v) (v)
+#include "im2col.h"
+#define IM_SRC uint8_t
+#define IM_DST float
+#define IM_NAME im2col_u8
+#define IM_LOAD(v) ((float)(v) - zp)
+#include "im2col.h"
+#define IM_SRC int8_t
+#define IM_DST float
+#define IM_NAME im2col_s8
+#define IM_LOAD(v) ((float)(v) - zp)
+#include "im2col.h"
+
+/* One row of QLinearConv's exact accumulator requantized as onnxruntime does (and
+ * the numpy path): (acc + bias) times the scale ratio in float32, rounded half to
+ * even, shifted by the output zero point, saturated to the output type. */
+NATIVE_CLONES static void requantize_row(const float *restrict acc, Py_ssize_t n, float bias, float mult,
+                                         const conv_job *job, void *dst)
+{
+    const float zp = (float)job->yzp, lo = job->y_signed ? -128.0f : 0.0f, hi = job->y_signed ? 127.0f : 255.0f;
+    if (job->y_signed) {
+        int8_t *restrict d = dst;
+        for (Py_ssize_t i = 0; i < n; i++) {
+            float v = rintf((acc[i] + bias) * mult) + zp;
+            v = v < lo ? lo : v;
+            d[i] = (int8_t)(v > hi ? hi : v);
+        }
+    } else {
+        uint8_t *restrict d = dst;
+        for (Py_ssize_t i = 0; i < n; i++) {
+            float v = rintf((acc[i] + bias) * mult) + zp;
+            v = v < lo ? lo : v;
+            d[i] = (uint8_t)(v > hi ? hi : v);
+        }
+    }
+}
+
 #define T float
 #define SFX(name) name##_f32
 #define GEMM gemm_f32
+#define CONV_QUANT 1
 #include "epilogue.h"
 #include "conv_body.h"
 #undef T
 #undef SFX
 #undef GEMM
+#undef CONV_QUANT
 #define T double
 #define SFX(name) name##_f64
 #define GEMM gemm_f64
+#define CONV_QUANT 0
 #include "epilogue.h"
 #include "conv_body.h"
 #undef T
 #undef SFX
 #undef GEMM
+#undef CONV_QUANT
 
 /* Choose the mode and the chunk sizes: column chunks of about TILE_BYTES, but as
  * many as the threads can share evenly (a 96 x 112 x 112 expansion in five chunks on
@@ -194,7 +251,115 @@ done:
     Py_RETURN_NONE;
 }
 
+PyDoc_STRVAR(qconv2d_doc,
+"qconv2d(x, w, b, mult, y, geometry, x_zero_point, y_zero_point, threads)\n\n"
+"QLinearConv of the 8-bit x [N, C, H, W] (int8 or uint8) with the centred float32\n"
+"weight w [M, C / groups * kh * kw] (w - its zero point), the float32 bias b [M] (the\n"
+"int32 bias, or None), into the 8-bit y [N, M, OH, OW] (int8 or uint8): the input\n"
+"centred on x_zero_point, the products exact in float32 (the caller checks every\n"
+"partial sum stays below 2**24), then (acc + b) * mult (float32 [M] or [1]: x_scale *\n"
+"w_scale / y_scale) rounded half to even, plus y_zero_point, saturated. geometry as\n"
+"conv2d's. Needs set_blas; runs on up to threads threads, without the GIL.");
+
+static PyObject *qconv2d(PyObject *self, PyObject *args)
+{
+    PyObject *xo, *wo, *bo, *mo, *yo;
+    conv_geometry g;
+    int threads, xzp, yzp;
+    if (!PyArg_ParseTuple(args, "OOOOO(nnnnnnnnnnnnnnnn)iii:qconv2d", &xo, &wo, &bo, &mo, &yo, &g.n, &g.c, &g.h,
+                          &g.w, &g.m, &g.groups, &g.kh, &g.kw, &g.sh, &g.sw, &g.dh, &g.dw, &g.pt, &g.pl, &g.oh,
+                          &g.ow, &xzp, &yzp, &threads))
+        return NULL;
+    if (g.n < 0 || g.c < 1 || g.h < 1 || g.w < 1 || g.m < 1 || g.groups < 1 || g.c % g.groups ||
+        g.m % g.groups || g.kh < 1 || g.kw < 1 || g.sh < 1 || g.sw < 1 || g.dh < 1 || g.dw < 1 || g.pt < 0 ||
+        g.pl < 0 || g.oh < 1 || g.ow < 1) {
+        PyErr_SetString(PyExc_ValueError, "qconv2d: invalid geometry");
+        return NULL;
+    }
+    if (!blas_ready()) {
+        PyErr_SetString(PyExc_RuntimeError, "qconv2d: no BLAS products were handed over (set_blas)");
+        return NULL;
+    }
+    const Py_ssize_t K = g.c / g.groups * g.kh * g.kw, out = g.n * g.m * g.oh * g.ow;
+    nbuf x, w, b, mult, y;
+    x.held = w.held = b.held = mult.held = y.held = 0;
+    conv_job job;
+    memset(&job, 0, sizeof(job));
+    job.g = &g;
+    job.k = K;
+    job.quant = 1;
+    job.xzp = xzp;
+    job.yzp = yzp;
+    Py_buffer probe;
+    for (int which = 0; which < 2; which++) {
+        PyObject *o = which ? yo : xo;
+        if (PyObject_GetBuffer(o, &probe, PyBUF_FORMAT) < 0) {
+            PyErr_Format(PyExc_TypeError, "qconv2d: %s must be an array", which ? "y" : "x");
+            return NULL;
+        }
+        const char *fmt = probe.format ? probe.format : "B";
+        char code = fmt[strlen(fmt) - 1];
+        PyBuffer_Release(&probe);
+        if (code != 'b' && code != 'B') {
+            PyErr_Format(PyExc_TypeError, "qconv2d: %s must be int8 or uint8, not format '%s'", which ? "y" : "x", fmt);
+            return NULL;
+        }
+        if (which)
+            job.y_signed = code == 'b';
+        else
+            job.x_signed = code == 'b';
+    }
+    if (nb_get(xo, &x, job.x_signed ? 'i' : 'u', 1, g.n * g.c * g.h * g.w, 0, 0, "qconv2d: x") < 0 ||
+        nb_get(wo, &w, 'f', 4, g.m * K, 0, 0, "qconv2d: w") < 0 ||
+        nb_get(bo, &b, 'f', 4, g.m, 0, 1, "qconv2d: b") < 0 ||
+        nb_get(mo, &mult, 'f', 4, 1, 0, 0, "qconv2d: mult") < 0 ||
+        nb_get(yo, &y, job.y_signed ? 'i' : 'u', 1, out, 1, 0, "qconv2d: y") < 0)
+        goto done;
+    job.mult_n = mult.view.len / 4;
+    if (job.mult_n != 1 && job.mult_n != g.m) {
+        PyErr_Format(PyExc_ValueError, "qconv2d: mult holds %zd values, expected 1 or %zd", job.mult_n, g.m);
+        goto done;
+    }
+    job.x = x.view.buf;
+    job.w = w.view.buf;
+    job.b = b.held ? b.view.buf : NULL;
+    job.mult = mult.view.buf;
+    job.y = y.view.buf;
+    if (g.n == 0)
+        goto done;
+    conv_plan(&job, 4, threads);
+    {
+        double need = (double)K * (double)(job.mode == MODE_ROWS ? g.oh * g.ow : job.cols) * 4.0;
+        if (need > SCRATCH_LIMIT) {
+            PyErr_Format(PyExc_MemoryError, "qconv2d: %.0f bytes of gathered columns exceed the %.0f-byte limit",
+                         need, (double)SCRATCH_LIMIT);
+            goto done;
+        }
+    }
+    Py_BEGIN_ALLOW_THREADS
+    if (job.mode == MODE_ROWS) {
+        job.shared = scratch(1, (size_t)(K * g.oh * g.ow) * 4);
+        if (!job.shared)
+            job.failed = 1;
+    }
+    if (!job.failed)
+        conv_run_f32(&job, threads);
+    Py_END_ALLOW_THREADS
+    if (job.failed)
+        PyErr_NoMemory();
+done:
+    nb_release(&x);
+    nb_release(&w);
+    nb_release(&b);
+    nb_release(&mult);
+    nb_release(&y);
+    if (PyErr_Occurred())
+        return NULL;
+    Py_RETURN_NONE;
+}
+
 PyMethodDef conv_methods[] = {
     {"conv2d", conv2d, METH_VARARGS, conv2d_doc},
+    {"qconv2d", qconv2d, METH_VARARGS, qconv2d_doc},
     {NULL, NULL, 0, NULL},
 };

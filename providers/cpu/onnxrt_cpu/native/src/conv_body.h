@@ -1,58 +1,29 @@
 /* The convolution kernels for one element type: included by conv.c once per type
- * with T, SFX(name) and GEMM (the BLAS product of that type) defined. */
+ * with T, SFX(name), GEMM (the BLAS product of that type) and CONV_QUANT (1 where T
+ * is float: the 8-bit QLinearConv goes through this type's product) defined. */
 
-/* Rows k0 <= k < k1 of the im2col of output positions p0 <= p < p0 + len of one
- * group's input ``xg`` [cg, h, w] into ``cols`` (row k at ``cols + (k - k0) * ld``);
- * taps in the padding read zero. */
-NATIVE_CLONES static void SFX(im2col)(const conv_geometry *g, const T *restrict xg, Py_ssize_t p0, Py_ssize_t len,
-                                      Py_ssize_t k0, Py_ssize_t k1, T *restrict cols, Py_ssize_t ld)
+/* The first input value of group ``gi`` of image ``i`` (8-bit values for QLinearConv). */
+static const void *SFX(x_group)(const conv_job *job, Py_ssize_t i, Py_ssize_t gi)
 {
-    const Py_ssize_t taps = g->kh * g->kw, sw = g->sw, w = g->w;
-    for (Py_ssize_t k = k0; k < k1; k++) {
-        Py_ssize_t ci = k / taps, r = k % taps, ky = r / g->kw, kx = r % g->kw;
-        const T *plane = xg + ci * g->h * w;
-        T *restrict d = cols + (k - k0) * ld;
-        Py_ssize_t oy = p0 / g->ow, ox = p0 % g->ow, left = len;
-        while (left > 0) {
-            Py_ssize_t n = g->ow - ox < left ? g->ow - ox : left;
-            Py_ssize_t iy = oy * g->sh - g->pt + ky * g->dh;
-            if (iy < 0 || iy >= g->h) {
-                for (Py_ssize_t j = 0; j < n; j++)
-                    d[j] = 0;
-            } else {
-                const T *restrict row = plane + iy * w;
-                Py_ssize_t ix0 = ox * sw - g->pl + kx * g->dw;
-                Py_ssize_t ja = ix0 >= 0 ? 0 : (-ix0 + sw - 1) / sw;
-                Py_ssize_t jb = ix0 >= w ? 0 : (w - 1 - ix0) / sw + 1;
-                if (ja > n)
-                    ja = n;
-                if (jb > n)
-                    jb = n;
-                if (jb < ja)
-                    jb = ja;
-                for (Py_ssize_t j = 0; j < ja; j++)
-                    d[j] = 0;
-                if (sw == 1) {
-                    const T *restrict s = row + ix0;
-                    for (Py_ssize_t j = ja; j < jb; j++)
-                        d[j] = s[j];
-                } else if (sw == 2) {
-                    const T *restrict s = row + ix0;
-                    for (Py_ssize_t j = ja; j < jb; j++)
-                        d[j] = s[2 * j];
-                } else {
-                    for (Py_ssize_t j = ja; j < jb; j++)
-                        d[j] = row[ix0 + j * sw];
-                }
-                for (Py_ssize_t j = jb; j < n; j++)
-                    d[j] = 0;
-            }
-            d += n;
-            left -= n;
-            ox = 0;
-            oy++;
-        }
+    const conv_geometry *g = job->g;
+    size_t elem = job->quant ? 1 : sizeof(T);
+    return (const char *)job->x + (size_t)((i * g->c + gi * (g->c / g->groups)) * g->h * g->w) * elem;
+}
+
+/* The im2col of :c:func:`im2col.h`, from the job's input type. */
+static void SFX(gather)(const conv_job *job, const void *xg, Py_ssize_t p0, Py_ssize_t len, Py_ssize_t k0,
+                        Py_ssize_t k1, T *cols, Py_ssize_t ld)
+{
+#if CONV_QUANT
+    if (job->quant) {
+        if (job->x_signed)
+            im2col_s8(job->g, xg, p0, len, k0, k1, cols, ld, (float)job->xzp);
+        else
+            im2col_u8(job->g, xg, p0, len, k0, k1, cols, ld, (float)job->xzp);
+        return;
     }
+#endif
+    SFX(im2col)(job->g, xg, p0, len, k0, k1, cols, ld, (T)0);
 }
 
 /* Rows r0 <= r < r1 of group ``gi``'s output of image ``i``, columns p0 <= p < p0 +
@@ -64,6 +35,19 @@ static int SFX(conv_tile)(const conv_job *job, Py_ssize_t i, Py_ssize_t gi, Py_s
     const conv_geometry *g = job->g;
     const Py_ssize_t mg = g->m / g->groups, L = g->oh * g->ow;
     const Py_ssize_t ch0 = gi * mg + r0;
+#if CONV_QUANT
+    if (job->quant) {
+        /* the exact accumulator into a tile, requantized into the 8-bit output */
+        float *tile = (float *)scratch(2, (size_t)((r1 - r0) * len) * sizeof(float));
+        if (!tile || GEMM(r1 - r0, len, job->k, (const T *)job->w + ch0 * job->k, job->k, b, ldb, tile, len) < 0)
+            return -1;
+        const float *bias = job->b;
+        for (Py_ssize_t r = 0; r < r1 - r0; r++)
+            requantize_row(tile + r * len, len, bias ? bias[ch0 + r] : 0.0f, job->mult[job->mult_n > 1 ? ch0 + r : 0],
+                           job, (char *)job->y + (i * g->m + ch0 + r) * L + p0);
+        return 0;
+    }
+#endif
     T *y = (T *)job->y + (i * g->m + ch0) * L + p0;
     if (GEMM(r1 - r0, len, job->k, (const T *)job->w + ch0 * job->k, job->k, b, ldb, y, L) < 0)
         return -1;
@@ -84,11 +68,12 @@ static void SFX(conv_columns)(void *arg, Py_ssize_t t)
     const Py_ssize_t L = g->oh * g->ow, cg = g->c / g->groups, mg = g->m / g->groups;
     Py_ssize_t chunk = t % job->chunks, rest = t / job->chunks, gi = rest % g->groups, i = rest / g->groups;
     Py_ssize_t p0 = chunk * job->cols, len = p0 + job->cols < L ? job->cols : L - p0;
-    const T *xg = (const T *)job->x + (i * g->c + gi * cg) * g->h * g->w;
+    const void *xg = SFX(x_group)(job, i, gi);
     const T *b;
     Py_ssize_t ldb;
+    (void)cg;
     if (job->pointwise) {
-        b = xg + p0;
+        b = (const T *)xg + p0;
         ldb = L;
     } else {
         T *cols = (T *)scratch(0, (size_t)(job->k * len) * sizeof(T));
@@ -96,7 +81,7 @@ static void SFX(conv_columns)(void *arg, Py_ssize_t t)
             job->failed = 1;
             return;
         }
-        SFX(im2col)(g, xg, p0, len, 0, job->k, cols, len);
+        SFX(gather)(job, xg, p0, len, 0, job->k, cols, len);
         b = cols;
         ldb = len;
     }
@@ -109,10 +94,9 @@ static void SFX(conv_gather)(void *arg, Py_ssize_t t)
 {
     conv_job *job = arg;
     const conv_geometry *g = job->g;
-    const Py_ssize_t L = g->oh * g->ow, cg = g->c / g->groups;
+    const Py_ssize_t L = g->oh * g->ow;
     Py_ssize_t k0 = t * job->krows, k1 = k0 + job->krows < job->k ? k0 + job->krows : job->k;
-    const T *xg = (const T *)job->x + (job->image * g->c + job->group * cg) * g->h * g->w;
-    SFX(im2col)(g, xg, 0, L, k0, k1, (T *)job->shared + k0 * L, L);
+    SFX(gather)(job, SFX(x_group)(job, job->image, job->group), 0, L, k0, k1, (T *)job->shared + k0 * L, L);
 }
 
 /* A task of row mode: a block of output rows of the current image and group, all columns. */
@@ -120,10 +104,9 @@ static void SFX(conv_rows)(void *arg, Py_ssize_t t)
 {
     conv_job *job = arg;
     const conv_geometry *g = job->g;
-    const Py_ssize_t L = g->oh * g->ow, cg = g->c / g->groups, mg = g->m / g->groups;
+    const Py_ssize_t L = g->oh * g->ow, mg = g->m / g->groups;
     Py_ssize_t r0 = t * job->rows, r1 = r0 + job->rows < mg ? r0 + job->rows : mg;
-    const T *b = job->pointwise ? (const T *)job->x + (job->image * g->c + job->group * cg) * g->h * g->w
-                                : (const T *)job->shared;
+    const T *b = job->pointwise ? (const T *)SFX(x_group)(job, job->image, job->group) : (const T *)job->shared;
     if (SFX(conv_tile)(job, job->image, job->group, r0, r1, 0, L, b, L) < 0)
         job->failed = 1;
 }

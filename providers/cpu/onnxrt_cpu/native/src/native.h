@@ -95,8 +95,8 @@ typedef void (*pool_task)(void *ctx, Py_ssize_t index);
 void pool_run(pool_task task, void *ctx, Py_ssize_t count, int threads);
 
 /* A per-thread scratch buffer of at least ``bytes`` bytes, 64-byte aligned, kept and
- * reused by the thread (``slot`` 0 or 1: two independent buffers); NULL if memory
- * runs out. */
+ * reused by the thread (``slot`` 0, 1 or 2: three independent buffers); NULL if
+ * memory runs out. */
 void *scratch(int slot, size_t bytes);
 
 /* ---- BLAS (blas.c) ------------------------------------------------------------- */

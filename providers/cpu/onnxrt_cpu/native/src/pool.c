@@ -180,8 +180,8 @@ static void after_fork_child(void)
 /* ---- per-thread scratch -------------------------------------------------------- */
 
 typedef struct {
-    void *p[2];
-    size_t cap[2];
+    void *p[3];
+    size_t cap[3];
 } scratch_t;
 
 static pthread_key_t scratch_key;
@@ -192,6 +192,7 @@ static void scratch_free(void *arg)
     scratch_t *s = arg;
     free(s->p[0]);
     free(s->p[1]);
+    free(s->p[2]);
     free(s);
 }
 
