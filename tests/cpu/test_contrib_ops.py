@@ -16,6 +16,7 @@ ort = pytest.importorskip("onnxruntime")
 import onnxrt
 from onnx import helper, numpy_helper
 
+from onnxrt_cpu import native
 from tests.ort_oracle import int8_weight_range
 
 MS = "com.microsoft"
@@ -1237,11 +1238,18 @@ def test_dynamic_quantize_lstm_closed_output_gate():
     assert not got[0].any() and got[2].any()
 
 
-def test_dynamic_quantize_lstm_checked_steps_equal_the_unchecked_ones(monkeypatch):
+@pytest.mark.parametrize("compiled", [True, False])
+def test_dynamic_quantize_lstm_checked_steps_equal_the_unchecked_ones(compiled, monkeypatch, request):
     # the time loop leaves each step's scales unchecked and checks them all after it;
     # when that check fails the loop runs again quantizing group by group. A check
-    # that always fails must give the same outputs, bit for bit
+    # that always fails must give the same outputs, bit for bit; the unchecked pass
+    # compiled (where the kernels are built) or numpy's, the checked one numpy's
     from onnxrt_cpu.kernels import contrib_quant_lstm
+
+    if not compiled:
+        request.getfixturevalue("numpy_kernels")
+    elif native.K is None:
+        pytest.skip("the compiled kernels are not loaded")
 
     inputs = _dq_lstm_inputs("bidirectional", True, s=7, b=6, states=True)
     names = [n if v is not None else "" for n, v in inputs.items()]
@@ -1255,8 +1263,7 @@ def test_dynamic_quantize_lstm_checked_steps_equal_the_unchecked_ones(monkeypatc
     fast = onnxrt.InferenceSession(model, so, providers=["CPUExecutionProvider"]).run(None, feeds)
     monkeypatch.setattr(contrib_quant_lstm, "_F32_TINY", 1e30)
     checked = onnxrt.InferenceSession(model, so, providers=["CPUExecutionProvider"]).run(None, feeds)
-    for a, b in zip(fast, checked):
-        np.testing.assert_array_equal(a, b)
+    _assert_loops_agree(fast, checked, compiled)
 
 
 @pytest.mark.parametrize("direction", ["forward", "bidirectional"])
@@ -1403,9 +1410,10 @@ def test_dynamic_quantize_lstm_detects_a_hidden_state_that_saturates():
 
 
 @pytest.mark.parametrize("ragged", [False, True])
-def test_dynamic_quantize_lstm_directions_apart_equal_directions_together(ragged, monkeypatch):
-    # the two directions step together while their recurrent weights are small, one
-    # at a time past that: the same values bit for bit
+def test_dynamic_quantize_lstm_directions_apart_equal_directions_together(ragged, monkeypatch, numpy_kernels):
+    # the numpy loop steps the two directions together while their recurrent weights
+    # are small, one at a time past that: the same values bit for bit (the compiled
+    # loop, set aside here, runs every direction at once whatever their size)
     from onnxrt_cpu.kernels import rnn
 
     inputs = _dq_lstm_inputs("bidirectional", True, s=5, b=6, h=24, states=True, rng=np.random.default_rng(4))
@@ -1425,3 +1433,272 @@ def test_dynamic_quantize_lstm_directions_apart_equal_directions_together(ragged
         outs.append(onnxrt.InferenceSession(model, so, providers=["CPUExecutionProvider"]).run(None, feeds))
     for a, b in zip(*outs):
         np.testing.assert_array_equal(a, b)
+
+
+# -- DynamicQuantizeLSTM's compiled time loop ------------------------------------------------------
+#
+# Where the CPU provider's compiled kernels are built, the unchecked pass of the
+# emulation's time loop (one exact float32 product a step) runs in C
+# (onnxrt_cpu/native/src/qlstm.c): the same float32 operations in the same order as
+# the numpy loop, and numpy's own exp and tanh algorithms where the CPU runs the
+# AVX2 or AVX-512 clones. Its outputs are then numpy's bit for bit. Elsewhere its exp
+# and tanh are the C library's, an ulp or two from numpy's SIMD ones where numpy runs
+# those; that moves a hidden value across a rounding boundary of its 8-bit
+# quantization now and then, and the later steps carry that one-code difference on
+# (up to about 5e-4, as onnxruntime's own roundings do: see
+# test_dynamic_quantize_lstm_groups_rows_as_onnxruntime_does), hence 1e-3 there.
+
+_LOOP_ATOL_APART = 1e-3
+
+
+def _math_probe() -> np.ndarray:
+    """float32 values for exp and tanh: every range of exponents (random bit
+    patterns), the gates' range densely, and the special values."""
+    rng = np.random.default_rng(77)
+    return np.concatenate([
+        rng.integers(0, 2**32, 1 << 20, dtype=np.uint64).astype(np.uint32).view(np.float32),
+        np.linspace(-20, 20, 1 << 20, dtype=np.float32),
+        np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 88.72283935546875, -103.97208404541015625, 1e-40, -1e-40,
+                  9.0, -9.0, 0.0234375, -0.0234375], np.float32),
+    ])
+
+
+def _numpy_runs_its_simd_math() -> bool:
+    """Whether numpy's float32 exp and tanh are its own AVX2/AVX-512 algorithms on
+    this CPU (it was built with such a target and the CPU has it)."""
+    try:
+        from numpy._core import _multiarray_umath as mu
+    except ImportError:  # numpy 1.x
+        from numpy.core import _multiarray_umath as mu
+    has = mu.__cpu_features__
+    targets = set(mu.__cpu_baseline__) | set(mu.__cpu_dispatch__)
+    cpu = has.get("X86_V3") or (has.get("AVX2") and has.get("FMA3"))
+    return bool(cpu and targets & {"X86_V3", "X86_V4", "AVX2", "FMA3", "AVX512F", "AVX512_SKX"})
+
+
+_MATH_AGREES: list[bool] = []
+
+
+def _compiled_math_is_numpys() -> bool:
+    """Whether the compiled loop's exp and tanh give numpy's values bit for bit (on
+    :func:`_math_probe`)."""
+    if not _MATH_AGREES:
+        x = _math_probe()
+        same = True
+        for name, f in (("exp", np.exp), ("tanh", np.tanh)):
+            y = np.empty_like(x)
+            native.K.qlstm_activation(x, y, name)
+            with np.errstate(all="ignore"):
+                ref = f(x)
+            same &= bool(((y.view(np.uint32) == ref.view(np.uint32)) | (np.isnan(y) & np.isnan(ref))).all())
+        _MATH_AGREES.append(same)
+    return _MATH_AGREES[0]
+
+
+def _assert_loops_agree(got, exp, compiled=True):
+    """Outputs of the compiled loop (``compiled``) and of the numpy loop: equal bit
+    for bit where the compiled exp and tanh are numpy's, else within
+    :data:`_LOOP_ATOL_APART`."""
+    exact = not compiled or _compiled_math_is_numpys()
+    for i, (a, b) in enumerate(zip(got, exp)):
+        if exact:
+            np.testing.assert_array_equal(a, b, err_msg=f"output {i}")
+        else:
+            np.testing.assert_allclose(a, b, rtol=0, atol=_LOOP_ATOL_APART, err_msg=f"output {i}")
+
+
+def _ulps(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Distance in float32 steps (through zero for opposite signs)."""
+
+    def ordered(v):
+        i = v.view(np.int32).astype(np.int64)
+        return np.where(i < 0, -(i & 0x7FFFFFFF), i)
+
+    return np.abs(ordered(a) - ordered(b))
+
+
+needs_native = pytest.mark.skipif(native.K is None, reason="the compiled kernels are not loaded")
+
+
+@needs_native
+def test_dynamic_quantize_lstm_compiled_exp_and_tanh_are_numpys():
+    # numpy's float32 exp (a rational approximation after a Cody-Waite reduction) and
+    # tanh (32 intervals of polynomials, from SVML) ported to plain C with the same
+    # fused multiply-adds: numpy's values bit for bit wherever both run them (an x86
+    # CPU with AVX2 and FMA); elsewhere the C library's expf and tanhf, a few ulps from
+    # numpy's
+    x = _math_probe()
+    for name, f in (("exp", np.exp), ("tanh", np.tanh)):
+        y = np.full_like(x, 7.0)
+        numpy_algorithms = native.K.qlstm_activation(x, y, name)
+        with np.errstate(all="ignore"):
+            ref = f(x)
+        nan = np.isnan(ref)
+        np.testing.assert_array_equal(np.isnan(y), nan, err_msg=name)
+        if numpy_algorithms and _numpy_runs_its_simd_math():
+            np.testing.assert_array_equal(y.view(np.uint32)[~nan], ref.view(np.uint32)[~nan], err_msg=name)
+        else:
+            assert _ulps(y[~nan], ref[~nan]).max() <= 4, name
+    with pytest.raises(ValueError, match="exp' or 'tanh"):
+        native.K.qlstm_activation(x, x.copy(), "sigmoid")
+
+
+class _CountingKernels:
+    """The compiled kernels, counting the calls of the DynamicQuantizeLSTM loop."""
+
+    def __init__(self, kernels):
+        self.kernels, self.calls = kernels, 0
+
+    def __getattr__(self, name):
+        return getattr(self.kernels, name)
+
+    def qlstm_steps(self, *args):
+        self.calls += 1
+        return self.kernels.qlstm_steps(*args)
+
+
+def _dq_lstm_model(inputs, direction, fed=("x", "sl", "h0", "c0")):
+    """A DynamicQuantizeLSTM of ``inputs`` (see :func:`_dq_lstm_inputs`), the names in
+    ``fed`` fed at run time (where present) and the rest constant: (model, feeds)."""
+    names = [n if v is not None else "" for n, v in inputs.items()]
+    node = helper.make_node("DynamicQuantizeLSTM", names, ["y", "yh", "yc"], domain=MS,
+                            hidden_size=inputs["r"].shape[1], direction=direction)
+    feeds = {k: inputs[k] for k in fed if inputs.get(k) is not None}
+    inits = {k: v for k, v in inputs.items() if v is not None and k not in feeds}
+    return _model(node, feeds, [np.float32] * 3, inits).SerializeToString(), feeds
+
+
+def _both_loops(model, feeds, threads, monkeypatch):
+    """The outputs with the compiled loop, with the numpy loop, and how many times
+    the compiled loop ran."""
+    so = onnxrt.SessionOptions()
+    so.intra_op_num_threads = threads
+    kernels = native.K
+    counting = _CountingKernels(kernels)
+    monkeypatch.setattr(native, "K", counting)
+    compiled = onnxrt.InferenceSession(model, so, providers=["CPUExecutionProvider"]).run(None, feeds)
+    monkeypatch.setattr(native, "K", None)
+    numpy_loop = onnxrt.InferenceSession(model, so, providers=["CPUExecutionProvider"]).run(None, feeds)
+    monkeypatch.setattr(native, "K", kernels)
+    return compiled, numpy_loop, counting.calls
+
+
+def _random_dq_lstm(seed):
+    """A random DynamicQuantizeLSTM configuration: (inputs, direction, threads, fed)."""
+    rng = np.random.default_rng(5000 + seed)
+    direction = ("forward", "reverse", "bidirectional")[seed % 3]
+    threads = 1 + (seed // 3) % 3
+    d = 2 if direction == "bidirectional" else 1
+    batch = int(rng.choice([1, 2, 3, 4, 5, 6, 8, 11]))
+    h = int(rng.choice([1, 3, 5, 8, 12, 16, 24, 48, 80]))
+    i = int(rng.integers(1, 25))
+    s = int(rng.integers(1, 11))
+    w = rng.integers(-128, 128, (d, i, 4 * h)).astype(np.int8)
+    r = rng.integers(-128, 128, (d, h, 4 * h)).astype(np.int8)
+
+    def scales(per_column, size):
+        shape = (d, 4 * h) if per_column else (d,)
+        return ((rng.random(shape) * 0.02 + 0.01) / np.sqrt(max(size, 8) / 8)).astype(np.float32), shape
+
+    ws, w_shape = scales(bool(rng.integers(2)), i)
+    rs, r_shape = scales(seed // 9 % 2 == 1, h)  # per direction or per column, half each
+    rz = rng.integers(-3, 4, r_shape).astype(np.int8) if rng.random() < 0.3 else np.zeros(r_shape, np.int8)
+    states = rng.integers(3)  # none, zero (a zero state, as exporters write it), random
+    h0 = None if states == 0 else np.zeros((d, batch, h), np.float32) if states == 1 else \
+        rng.standard_normal((d, batch, h)).astype(np.float32)
+    c0 = None if states == 0 else rng.standard_normal((d, batch, h)).astype(np.float32)
+    sl = None
+    if rng.random() < 0.4:  # ragged, an empty row and a whole one likely
+        sl = rng.integers(0, s + 1, batch).astype(np.int32)
+        sl[0] = s
+    inputs = {
+        "x": (rng.standard_normal((s, batch, i)) * rng.choice([0.5, 1, 3])).astype(np.float32),
+        "w": w, "r": r,
+        "b": None if rng.random() < 0.2 else (rng.standard_normal((d, 8 * h)) * 0.3).astype(np.float32),
+        "sl": sl, "h0": h0, "c0": c0, "p": None,
+        "ws": ws, "wz": np.zeros(w_shape, np.int8), "rs": rs, "rz": rz,
+    }
+    fed = ("x", "sl", "h0", "c0", "b") if rng.random() < 0.3 else ("x", "sl", "h0", "c0")
+    return inputs, direction, threads, fed
+
+
+@needs_native
+@pytest.mark.parametrize("seed", range(72))
+def test_dynamic_quantize_lstm_compiled_loop_equals_the_numpy_loop(seed, monkeypatch):
+    # random configurations: forward, reverse and bidirectional; 1 to 3 threads, so
+    # one group of rows or several (a last one with padding rows); ragged lengths,
+    # initial states absent, zero or random; R's scales per direction or per column
+    # and its zero points zero or not; B constant, fed or absent
+    inputs, direction, threads, fed = _random_dq_lstm(seed)
+    model, feeds = _dq_lstm_model(inputs, direction, fed)
+    compiled, numpy_loop, calls = _both_loops(model, feeds, threads, monkeypatch)
+    assert calls == 1
+    _assert_loops_agree(compiled, numpy_loop)
+
+
+@needs_native
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_dynamic_quantize_lstm_compiled_loop_with_the_taggers_sizes(threads, monkeypatch):
+    # the benchmark's tagger: bidirectional, hidden 48, batch 8, 32 steps
+    inputs = _dq_lstm_inputs("bidirectional", True, s=32, b=8, i=32, h=48, states=True,
+                             rng=np.random.default_rng(48))
+    inputs["rs"] = inputs["rs"] * np.float32(0.3)
+    model, feeds = _dq_lstm_model(inputs, "bidirectional")
+    compiled, numpy_loop, calls = _both_loops(model, feeds, threads, monkeypatch)
+    assert calls == 1 and np.abs(compiled[0]).max() > 0.1
+    _assert_loops_agree(compiled, numpy_loop)
+
+
+@needs_native
+def test_dynamic_quantize_lstm_compiled_loop_finds_non_finite_states(monkeypatch):
+    # a NaN in the initial cell and an infinity in the initial state make NaN
+    # states: the compiled pass's ranges are NaN as numpy's (or infinite), its check
+    # fails, and the checked numpy pass gives the outputs
+    inputs = _dq_lstm_inputs("bidirectional", False, s=5, b=6, h=8, states=True, rng=np.random.default_rng(3))
+    inputs["c0"][0, 1, 3] = np.nan
+    inputs["h0"][1, 4, 0] = np.inf
+    model, feeds = _dq_lstm_model(inputs, "bidirectional")
+    compiled, numpy_loop, calls = _both_loops(model, feeds, 2, monkeypatch)
+    assert calls == 1 and np.isnan(compiled[0]).any()
+    _assert_loops_agree(compiled, numpy_loop)
+
+
+@needs_native
+def test_dynamic_quantize_lstm_inexact_products_stay_numpys(monkeypatch):
+    # weights whose column sums times 255 pass 2**24: a float32 product is no longer
+    # exact, and the numpy loop sums it in exact chunks; the compiled loop is not used
+    h = 520
+    inputs = _dq_lstm_inputs("forward", False, s=2, b=2, i=4, h=h, rng=np.random.default_rng(8))
+    inputs["r"] = np.where(inputs["r"] < 0, -128, 127).astype(np.int8)
+    inputs["rs"] = inputs["rs"] * np.float32(0.05)
+    model, feeds = _dq_lstm_model(inputs, "forward")
+    compiled, numpy_loop, calls = _both_loops(model, feeds, 2, monkeypatch)
+    assert calls == 0
+    for a, b in zip(compiled, numpy_loop):
+        np.testing.assert_array_equal(a, b)
+
+
+@needs_native
+def test_dynamic_quantize_lstm_compiled_loop_bad_arguments_are_typed_errors():
+    seq, batch, dirs, hid, fr = 3, 2, 1, 4, 2
+    f = np.float32
+    args = [np.zeros((dirs, hid, 4 * hid), f), np.ones((dirs, 4 * hid), f), False,
+            np.zeros((seq, batch, dirs, 4 * hid), f), np.ones((dirs, 4 * hid), f), None, None, 0,
+            np.zeros((seq + 1, dirs, batch, hid), f), np.zeros((dirs, batch, hid), f),
+            np.ones((seq, dirs, 1), f), np.zeros((2, seq, dirs, 1), f), None, None,
+            (seq, batch, dirs, batch, hid, fr), True, 1]
+    native.K.qlstm_steps(*args)
+
+    def bad(index, value, error, match):
+        a = list(args)
+        a[index] = value
+        with pytest.raises(error, match=match):
+            native.K.qlstm_steps(*a)
+
+    bad(14, (seq, batch, dirs, batch, hid, 3), ValueError, "fr must divide rows")
+    bad(14, (seq, batch, 3, batch, hid, fr), ValueError, "invalid sizes")
+    bad(3, np.zeros((seq, batch, dirs, 4 * hid - 1), f), ValueError, "gxa holds")
+    bad(8, np.zeros((seq + 1, dirs, batch, hid), np.float64), TypeError, "ys")
+    bad(10, np.ones((seq, dirs, 1), f)[::-1], TypeError, "scales")
+    bad(6, np.array([3, 4]), ValueError, "lens")
+    bad(12, np.ones((seq, batch), f), ValueError, "masks and last_cell")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 from onnxrt.kernel import Kernel, NodeInfo
 
+from .. import native
 from ..parallel import thread_count
 from ..registry import op
 from .quantize import (
@@ -220,7 +221,7 @@ class DynamicQuantizeLSTM(Kernel):
         # The state carries zero rows up to whole groups: zeros are inside every range
         # already (it always holds 0), and a zero row stays zero through a step (zero
         # gates, cell and output)
-        threads = max(1, thread_count())
+        threads_all = threads = max(1, thread_count())
         if not (batch > 4 or (batch >= 2 and hid <= 256)):
             threads = 1
         fr = -(-batch // threads)
@@ -229,18 +230,13 @@ class DynamicQuantizeLSTM(Kernel):
         # X quantized once for all steps, its product with every direction's W one GEMM
         xq, xs = self._quant_rows(x.reshape(seq * batch, -1))
         gxa = int_matmul_f32(xq, prep.w_cat, 255.0, prep.w_max, prep.w_l1)
-        # the sigmoid gates' inputs negated (exact), as 1 / (1 + exp(-x)) reads them
-        # (R's columns are negated alike)
-        gxa *= xs * prep.w_scale_signed
+        # its scales, the sigmoid gates' negated (exact), as 1 / (1 + exp(-x)) reads
+        # them (R's columns are negated alike), and the bias
+        gx_scale = xs * prep.w_scale_signed
+        bias = None
         if b is not None:
             cached = self.q_bias
-            gxa += (cached[1] if cached is not None and cached[0] is b else prep.bias(b)).reshape(-1)
-        # every step of both directions at once: direction d's step t reads gx[t, d],
-        # the reverse direction's inputs stored in reverse time order
-        gx = np.empty((seq, dirs, rows, h4), _F32)
-        if rows > batch:
-            gx[:, :, batch:] = 0  # the padding rows: a zero state stays zero
-        gxa = gxa.reshape(seq, batch, dirs, h4)
+            bias = (cached[1] if cached is not None and cached[0] is b else prep.bias(b)).reshape(-1)
         masks = rev = None
         if lens is not None:
             # ragged: the steps past a row's length are masked, and the reverse
@@ -249,11 +245,6 @@ class DynamicQuantizeLSTM(Kernel):
             valid, rev = ragged_steps(lens, seq)
             masks = np.zeros((seq, 1, rows, 1), _F32)
             masks[:, 0, :batch, 0] = valid
-        for d in range(dirs):
-            if not self._reversed(d):
-                gx[:, d, :batch] = gxa[:, :, d]
-            else:
-                gx[:, d, :batch] = gxa[::-1, :, d] if rev is None else gxa[:, :, d][rev]
         # ys[0]: the initial state, set by the loop below; the steps write the rest
         ys = np.empty((seq + 1, dirs, rows, hid), _F32)
         cell = np.zeros((dirs, rows, hid), _F32)
@@ -264,10 +255,12 @@ class DynamicQuantizeLSTM(Kernel):
         ranges = np.zeros((2, seq, dirs, groups), _F32)
         # a zero initial state (as exporters write it) has scale 1 and zero point 0
         zero_start = initial_h is None or not np.any(initial_h)
-        # both directions step together while their recurrent weights (as float32)
-        # are small enough, as the float LSTM's do
-        together = directions_together(prep.r_neg.nbytes)
-        parts = [slice(None)] if together else [slice(d, d + 1) for d in range(dirs)]
+        # the unchecked pass with one exact product a step runs compiled where the
+        # kernels are loaded: every direction and group at once, each reading its
+        # input gates from X's product as it goes; the same values as the numpy loop
+        # (_steps), which takes the checked pass and inexact products
+        kernels = native.K if prep.exact and seq > 0 else None
+        gx = None
         for careful in (False, True):
             ys[0] = 0
             cell[...] = 0
@@ -276,10 +269,24 @@ class DynamicQuantizeLSTM(Kernel):
                 ys[0, :, :batch] = initial_h
             if initial_c is not None:
                 cell[:, :batch] = initial_c
-            with np.errstate(all="ignore"):
-                for part in parts:
-                    self._steps(prep.recurrent(part), gx[:, part], ys[:, part], cell[part], scales[:, part],
-                                ranges[:, :, part], fr, prep.exact, careful, zero_start, masks, last_cell[part])
+            if kernels is not None and not careful:
+                backwards = sum(1 << d for d in range(dirs) if self._reversed(d))
+                kernels.qlstm_steps(prep.r_neg, prep.r_scale, prep.r_scale_per_direction,
+                                    np.ascontiguousarray(gxa), gx_scale, bias, lens, backwards, ys, cell, scales,
+                                    ranges, masks, None if masks is None else last_cell,
+                                    (seq, batch, dirs, rows, hid, fr), zero_start, threads_all)
+            else:
+                if gx is None:
+                    gx = self._step_inputs(gxa, gx_scale, bias, (seq, batch, dirs, rows), rev)
+                # both directions step together while their recurrent weights (as
+                # float32) are small enough, as the float LSTM's do
+                together = directions_together(prep.r_neg.nbytes)
+                parts = [slice(None)] if together else [slice(d, d + 1) for d in range(dirs)]
+                with np.errstate(all="ignore"):
+                    for part in parts:
+                        self._steps(prep.recurrent(part), gx[:, part], ys[:, part], cell[part], scales[:, part],
+                                    ranges[:, :, part], fr, prep.exact, careful, zero_start, masks,
+                                    last_cell[part])
             if careful or self._unchecked_steps_hold(scales, ranges):
                 break
         if lens is None:
@@ -293,6 +300,29 @@ class DynamicQuantizeLSTM(Kernel):
             if self._reversed(d):
                 y[:, d] = y[::-1, d].copy() if rev is None else y[:, d][rev]
         return np.ascontiguousarray(y), y_h, np.ascontiguousarray(last_cell[:, :batch])
+
+    def _step_inputs(self, gxa, gx_scale, bias, sizes, rev):
+        """The numpy loop's input gates ``[seq, D, rows, 4H]`` from X's product
+        ``gxa`` ``[seq * batch, D * 4H]`` (scaled by ``gx_scale`` and the ``bias`` added
+        in place; ``sizes`` ``(seq, batch, D, rows)``): direction d's step t at ``[t,
+        d]``, the reverse direction's inputs in reverse time order (where ``rev``,
+        ragged, each row's valid prefix reversed), zero in the padding rows past the
+        batch."""
+        seq, batch, dirs, rows = sizes
+        gxa *= gx_scale
+        if bias is not None:
+            gxa += bias
+        h4 = gxa.shape[1] // dirs
+        gx = np.empty((seq, dirs, rows, h4), _F32)
+        if rows > batch:
+            gx[:, :, batch:] = 0  # the padding rows: a zero state stays zero
+        gxa = gxa.reshape(seq, batch, dirs, h4)
+        for d in range(dirs):
+            if not self._reversed(d):
+                gx[:, d, :batch] = gxa[:, :, d]
+            else:
+                gx[:, d, :batch] = gxa[::-1, :, d] if rev is None else gxa[:, :, d][rev]
+        return gx
 
     @staticmethod
     def _unchecked_steps_hold(scales, ranges) -> bool:
@@ -314,8 +344,10 @@ class DynamicQuantizeLSTM(Kernel):
 
     def _steps(self, recurrent, gx, ys, cell, scales, ranges, fr, exact, careful, zero_start, masks=None,
                last_cell=None):
-        """The time loop of :meth:`_emulate` for the directions it is given (both at
-        once, or one), writing the
+        """The numpy time loop of :meth:`_emulate` (where the compiled kernels are
+        loaded, the unchecked pass with one exact product a step runs compiled
+        instead, ``native.K.qlstm_steps``: the same values) for the directions it is
+        given (both at once, or one), writing the
         hidden states to ``ys[1:]``, the cell to ``cell``, and each step's scales and
         ranges to ``scales`` and ``ranges`` (views of the directions ``recurrent``,
         :meth:`_Prepared.recurrent`, belongs to). Each step's state ``h`` is quantized

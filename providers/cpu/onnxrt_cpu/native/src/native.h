@@ -117,5 +117,6 @@ extern PyMethodDef depthwise_methods[];
 extern PyMethodDef conv_methods[];
 extern PyMethodDef pool2d_methods[];
 extern PyMethodDef elementwise_methods[];
+extern PyMethodDef qlstm_methods[];
 
 #endif
