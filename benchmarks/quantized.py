@@ -1,6 +1,6 @@
 """Latency of quantized and contrib-op models: onnxrt against onnxruntime, side by side.
 
-    python benchmarks/quantized.py [--threads 2] [--repeat 30] [--markdown]
+    python benchmarks/quantized.py [--threads 2] [--repeat 30] [--markdown] [--only TEXT ...]
 
 Both engines run in this one process with the same number of threads (onnxruntime's
 ``SessionOptions.intra_op_num_threads`` and onnxrt's, which also bounds numpy's BLAS).
@@ -21,7 +21,8 @@ The models are made here from the test models in ``tests/models/data``:
 For each model it prints the median latency of both engines over ``--repeat`` runs
 (after warm-up; the two engines' runs alternate, so that background load on a shared
 machine hits both alike) and the ratio onnxrt / onnxruntime; of ``--rounds`` such
-measurements, the one with the median ratio is kept.
+measurements, the one with the median ratio is kept. ``--only`` keeps the models whose
+label contains one of the given texts (``--only lstm``), and makes no other.
 """
 
 from __future__ import annotations
@@ -62,8 +63,9 @@ def _feeds(model: str, batch: int):
     }
 
 
-def make_models(folder: Path) -> list[tuple[str, Path, str]]:
-    """Quantize the CNN and the transformer three ways, and optimize the BERT model."""
+def make_models(folder: Path, wanted=lambda label: True) -> list[tuple[str, Path, str]]:
+    """Quantize the CNN and the transformer three ways, and optimize the BERT model;
+    of the models whose label ``wanted`` accepts (the others are not made)."""
     from onnxruntime.quantization import (
         CalibrationDataReader,
         QuantFormat,
@@ -76,6 +78,8 @@ def make_models(folder: Path) -> list[tuple[str, Path, str]]:
     logging.disable(logging.WARNING)
     out = []
     for model in ("resnet_small", "transformer_encoder"):
+        if not any(wanted(f"{model} {k}") for k in ("dynamic", "qdq", "qoperator")):
+            continue
 
         class Reader(CalibrationDataReader):
             def __init__(self, model=model):
@@ -104,6 +108,27 @@ def make_models(folder: Path) -> list[tuple[str, Path, str]]:
             quant_format=QuantFormat.QOperator,
         )
         out += [(f"{model} {k}", p, model) for k, p in paths.items()]
+    out = [o for o in out if wanted(o[0])]
+    if wanted("bert_tiny contrib ops") or wanted("bert_tiny contrib ops, dynamic int8"):
+        out += _bert_models(folder, optimize_model, quantize_dynamic, wanted)
+    if wanted("transformer_encoder 4-bit MatMulNBits"):
+        out += _nbits_model(folder)
+    # a bidirectional two-layer LSTM tagger: quantize_dynamic writes DynamicQuantizeLSTM
+    if wanted("lstm_tagger dynamic (DynamicQuantizeLSTM)"):
+        lstm_q = folder / "lstm_tagger_dynamic.onnx"
+        quantize_dynamic(str(DATA / "lstm_tagger.onnx"), str(lstm_q))
+        out.append(("lstm_tagger dynamic (DynamicQuantizeLSTM)", lstm_q, "lstm_tagger"))
+    # a tiny Llama as onnxruntime's model builder writes it, one generation step
+    out.append(("llama_tiny step (GroupQueryAttention)", DATA / "llama_tiny.onnx", "llama_tiny"))
+    out.append(("llama_tiny int4 step (+ MatMulNBits, GatherBlockQuantized)", DATA / "llama_tiny_int4.onnx",
+                "llama_tiny"))
+    logging.disable(logging.NOTSET)
+    return [o for o in out if wanted(o[0])]
+
+
+def _bert_models(folder: Path, optimize_model, quantize_dynamic, wanted) -> list[tuple[str, Path, str]]:
+    """The BERT-like model rewritten into com.microsoft ops, and that model quantized."""
+    out = []
     opt = optimize_model(
         str(DATA / "bert_tiny.onnx"),
         model_type="bert",
@@ -114,18 +139,27 @@ def make_models(folder: Path) -> list[tuple[str, Path, str]]:
     bert = folder / "bert_tiny_contrib.onnx"
     opt.save_model_to_file(str(bert))
     out.append(("bert_tiny contrib ops", bert, "bert_tiny"))
-    # onnxruntime's BERT recipe continues with dynamic quantization (QAttention, ...)
-    bert_q = folder / "bert_tiny_contrib_int8.onnx"
+    if wanted("bert_tiny contrib ops, dynamic int8"):
+        # onnxruntime's BERT recipe continues with dynamic quantization (QAttention, ...)
+        bert_q = folder / "bert_tiny_contrib_int8.onnx"
+        import onnx
+
+        quantize_dynamic(
+            str(bert),
+            str(bert_q),
+            extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT},
+        )
+        out.append(("bert_tiny contrib ops, dynamic int8", bert_q, "bert_tiny"))
+    return out
+
+
+def _nbits_model(folder: Path) -> list[tuple[str, Path, str]]:
+    """The transformer encoder with 4-bit weights, where the quantizer imports."""
     import onnx
 
-    quantize_dynamic(
-        str(bert),
-        str(bert_q),
-        extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT},
-    )
-    out.append(("bert_tiny contrib ops, dynamic int8", bert_q, "bert_tiny"))
     # onnxruntime's 4-bit weight-only quantization: every MatMul a MatMulNBits (its
     # quantizer is written on the onnx-ir package, which the test extra installs)
+    out = []
     try:
         from onnxruntime.quantization.matmul_nbits_quantizer import (
             DefaultWeightOnlyQuantConfig,
@@ -142,15 +176,6 @@ def make_models(folder: Path) -> list[tuple[str, Path, str]]:
         quantizer.process()
         quantizer.model.save_model_to_file(str(nbits), False)
         out.append(("transformer_encoder 4-bit MatMulNBits", nbits, "transformer_encoder"))
-    # a bidirectional two-layer LSTM tagger: quantize_dynamic writes DynamicQuantizeLSTM
-    lstm_q = folder / "lstm_tagger_dynamic.onnx"
-    quantize_dynamic(str(DATA / "lstm_tagger.onnx"), str(lstm_q))
-    out.append(("lstm_tagger dynamic (DynamicQuantizeLSTM)", lstm_q, "lstm_tagger"))
-    # a tiny Llama as onnxruntime's model builder writes it, one generation step
-    out.append(("llama_tiny step (GroupQueryAttention)", DATA / "llama_tiny.onnx", "llama_tiny"))
-    out.append(("llama_tiny int4 step (+ MatMulNBits, GatherBlockQuantized)", DATA / "llama_tiny_int4.onnx",
-                "llama_tiny"))
-    logging.disable(logging.NOTSET)
     return out
 
 
@@ -206,10 +231,16 @@ def main(argv=None) -> int:
         help="measure each model this many times and keep the median round",
     )
     ap.add_argument("--markdown", action="store_true", help="print a Markdown table")
+    ap.add_argument("--only", action="append", metavar="TEXT",
+                    help="only the models whose label contains TEXT (repeatable)")
     args = ap.parse_args(argv)
     rows = []
+
+    def wanted(label: str) -> bool:
+        return not args.only or any(t in label for t in args.only)
+
     with tempfile.TemporaryDirectory() as tmp:
-        for label, path, base in make_models(Path(tmp)):
+        for label, path, base in make_models(Path(tmp), wanted):
             feeds = _feeds(base, args.batch)
             rounds = sorted(
                 (bench(path, feeds, args.threads, args.repeat) for _ in range(args.rounds)),
