@@ -260,9 +260,14 @@ typedef int32_t ql_i8 __attribute__((vector_size(32), aligned(4)));
 
 /* Row ``k`` of the table at eight intervals: two two-table permutes and a select
  * (AVX-512's vpermt2ps, AVX2's vpermps and blends), where a gather of eight values
- * took four times as long (AMD EPYC). */
+ * took four times as long (AMD EPYC). Compilers without GCC's __builtin_shuffle read
+ * the eight values one by one. */
 QL_INLINE void ql_tanh_lookup(int k, const ql_i8 *idx, float *out)
 {
+#if !defined(__GNUC__) || defined(__clang__)
+    for (int l = 0; l < 8; l++)
+        out[l] = ql_float(ql_tanh_lut[k][(*idx)[l]]);
+#else
     ql_v8 t0, t1, t2, t3;
     memcpy(&t0, ql_tanh_lut[k], sizeof t0);
     memcpy(&t1, ql_tanh_lut[k] + 8, sizeof t1);
@@ -272,6 +277,7 @@ QL_INLINE void ql_tanh_lookup(int k, const ql_i8 *idx, float *out)
     const ql_v8 a = __builtin_shuffle(t0, t1, low), b = __builtin_shuffle(t2, t3, low);
     const ql_i8 c = ((ql_i8)a & ~high) | ((ql_i8)b & high);
     memcpy(out, &c, sizeof c);
+#endif
 }
 
 /* ``y[i] = tanh(x[i])`` for i < n (y may be x), ``coef`` scratch for 8 n values: the
