@@ -157,6 +157,59 @@ static void conv_plan(conv_job *job, Py_ssize_t itemsize, int threads)
     }
 }
 
+/* Whether the geometry describes a convolution these kernels take; else a ValueError
+ * naming the function ``who``. */
+static int conv_geometry_ok(const conv_geometry *g, const char *who)
+{
+    if (g->n < 0 || g->c < 1 || g->h < 1 || g->w < 1 || g->m < 1 || g->groups < 1 || g->c % g->groups ||
+        g->m % g->groups || g->kh < 1 || g->kw < 1 || g->sh < 1 || g->sw < 1 || g->dh < 1 || g->dw < 1 ||
+        g->pt < 0 || g->pl < 0 || g->oh < 1 || g->ow < 1) {
+        PyErr_Format(PyExc_ValueError, "%s: invalid geometry", who);
+        return 0;
+    }
+    if (!blas_ready()) {
+        PyErr_Format(PyExc_RuntimeError, "%s: no BLAS products were handed over (set_blas)", who);
+        return 0;
+    }
+    return 1;
+}
+
+/* Plan and run ``job`` (its buffers set) on up to ``threads`` threads without the
+ * GIL: -1 with MemoryError where its gathered columns would pass SCRATCH_LIMIT (a
+ * hostile model's huge kernel over a large map; the caller falls back to a path that
+ * gathers in bounded bands) or memory runs out. */
+static int conv_execute(conv_job *job, Py_ssize_t itemsize, int threads, const char *who)
+{
+    const conv_geometry *g = job->g;
+    if (g->n == 0)
+        return 0;
+    conv_plan(job, itemsize, threads);
+    double need = (double)job->k * (double)(job->mode == MODE_ROWS ? g->oh * g->ow : job->cols) * (double)itemsize;
+    if (!job->pointwise && need > SCRATCH_LIMIT) {
+        PyErr_Format(PyExc_MemoryError, "%s: %.0f bytes of gathered columns exceed the %.0f-byte limit", who, need,
+                     (double)SCRATCH_LIMIT);
+        return -1;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    if (job->mode == MODE_ROWS && !job->pointwise) {
+        job->shared = scratch(1, (size_t)(job->k * g->oh * g->ow) * (size_t)itemsize);
+        if (!job->shared)
+            job->failed = 1;
+    }
+    if (!job->failed) {
+        if (itemsize == 4)
+            conv_run_f32(job, threads);
+        else
+            conv_run_f64(job, threads);
+    }
+    Py_END_ALLOW_THREADS
+    if (job->failed) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    return 0;
+}
+
 PyDoc_STRVAR(conv2d_doc,
 "conv2d(x, w, b, z, y, geometry, act, lo, hi, threads)\n\n"
 "Convolution of x [N, C, H, W] with w [M, C / groups * kh * kw] (each group's rows\n"
@@ -176,16 +229,12 @@ static PyObject *conv2d(PyObject *self, PyObject *args)
                           &g.w, &g.m, &g.groups, &g.kh, &g.kw, &g.sh, &g.sw, &g.dh, &g.dw, &g.pt, &g.pl, &g.oh,
                           &g.ow, &act, &lo, &hi, &threads))
         return NULL;
-    if (g.n < 0 || g.c < 1 || g.h < 1 || g.w < 1 || g.m < 1 || g.groups < 1 || g.c % g.groups ||
-        g.m % g.groups || g.kh < 1 || g.kw < 1 || g.sh < 1 || g.sw < 1 || g.dh < 1 || g.dw < 1 || g.pt < 0 ||
-        g.pl < 0 || g.oh < 1 || g.ow < 1 || act < ACT_NONE || act > ACT_CLIP) {
+    if (act < ACT_NONE || act > ACT_CLIP) {
         PyErr_SetString(PyExc_ValueError, "conv2d: invalid geometry or activation");
         return NULL;
     }
-    if (!blas_ready()) {
-        PyErr_SetString(PyExc_RuntimeError, "conv2d: no BLAS products were handed over (set_blas)");
+    if (!conv_geometry_ok(&g, "conv2d"))
         return NULL;
-    }
     Py_ssize_t itemsize = nb_float_size(xo, "conv2d: x");
     if (itemsize < 0)
         return NULL;
@@ -212,34 +261,7 @@ static PyObject *conv2d(PyObject *self, PyObject *args)
     job.b = b.held ? b.view.buf : NULL;
     job.z = z.held ? z.view.buf : NULL;
     job.y = y.view.buf;
-    if (g.n == 0)
-        goto done;
-    conv_plan(&job, itemsize, threads);
-    {
-        /* the gathered columns a thread holds at once: a weight of a huge kernel over a
-         * small map (a hostile model) must not ask for gigabytes here */
-        double need = (double)K * (double)(job.mode == MODE_ROWS ? g.oh * g.ow : job.cols) * (double)itemsize;
-        if (!job.pointwise && need > SCRATCH_LIMIT) {
-            PyErr_Format(PyExc_MemoryError, "conv2d: %.0f bytes of gathered columns exceed the %.0f-byte limit",
-                         need, (double)SCRATCH_LIMIT);
-            goto done;
-        }
-    }
-    Py_BEGIN_ALLOW_THREADS
-    if (job.mode == MODE_ROWS && !job.pointwise) {
-        job.shared = scratch(1, (size_t)(K * g.oh * g.ow) * (size_t)itemsize);
-        if (!job.shared)
-            job.failed = 1;
-    }
-    if (!job.failed) {
-        if (itemsize == 4)
-            conv_run_f32(&job, threads);
-        else
-            conv_run_f64(&job, threads);
-    }
-    Py_END_ALLOW_THREADS
-    if (job.failed)
-        PyErr_NoMemory();
+    conv_execute(&job, itemsize, threads, "conv2d");
 done:
     nb_release(&x);
     nb_release(&w);
@@ -270,16 +292,8 @@ static PyObject *qconv2d(PyObject *self, PyObject *args)
                           &g.w, &g.m, &g.groups, &g.kh, &g.kw, &g.sh, &g.sw, &g.dh, &g.dw, &g.pt, &g.pl, &g.oh,
                           &g.ow, &xzp, &yzp, &threads))
         return NULL;
-    if (g.n < 0 || g.c < 1 || g.h < 1 || g.w < 1 || g.m < 1 || g.groups < 1 || g.c % g.groups ||
-        g.m % g.groups || g.kh < 1 || g.kw < 1 || g.sh < 1 || g.sw < 1 || g.dh < 1 || g.dw < 1 || g.pt < 0 ||
-        g.pl < 0 || g.oh < 1 || g.ow < 1) {
-        PyErr_SetString(PyExc_ValueError, "qconv2d: invalid geometry");
+    if (!conv_geometry_ok(&g, "qconv2d"))
         return NULL;
-    }
-    if (!blas_ready()) {
-        PyErr_SetString(PyExc_RuntimeError, "qconv2d: no BLAS products were handed over (set_blas)");
-        return NULL;
-    }
     const Py_ssize_t K = g.c / g.groups * g.kh * g.kw, out = g.n * g.m * g.oh * g.ow;
     nbuf x, w, b, mult, y;
     x.held = w.held = b.held = mult.held = y.held = 0;
@@ -325,28 +339,7 @@ static PyObject *qconv2d(PyObject *self, PyObject *args)
     job.b = b.held ? b.view.buf : NULL;
     job.mult = mult.view.buf;
     job.y = y.view.buf;
-    if (g.n == 0)
-        goto done;
-    conv_plan(&job, 4, threads);
-    {
-        double need = (double)K * (double)(job.mode == MODE_ROWS ? g.oh * g.ow : job.cols) * 4.0;
-        if (need > SCRATCH_LIMIT) {
-            PyErr_Format(PyExc_MemoryError, "qconv2d: %.0f bytes of gathered columns exceed the %.0f-byte limit",
-                         need, (double)SCRATCH_LIMIT);
-            goto done;
-        }
-    }
-    Py_BEGIN_ALLOW_THREADS
-    if (job.mode == MODE_ROWS) {
-        job.shared = scratch(1, (size_t)(K * g.oh * g.ow) * 4);
-        if (!job.shared)
-            job.failed = 1;
-    }
-    if (!job.failed)
-        conv_run_f32(&job, threads);
-    Py_END_ALLOW_THREADS
-    if (job.failed)
-        PyErr_NoMemory();
+    conv_execute(&job, 4, threads, "qconv2d");
 done:
     nb_release(&x);
     nb_release(&w);
