@@ -1,8 +1,9 @@
 """The ONNX conformance node tests, through the session, for every available provider.
 
 Each available provider runs with the CPU provider as its fallback, at
-``ORT_DISABLE_ALL`` and ``ORT_ENABLE_ALL``. Exclusions are strict expected failures,
-each with its reason (``exclusions.py``), except random outputs that can match by chance.
+``ORT_DISABLE_ALL`` and ``ORT_ENABLE_ALL``; the CPU provider also runs without its
+compiled kernels. Exclusions are strict expected failures, each with its reason
+(``exclusions.py``), except random outputs that can match by chance.
 """
 
 import warnings
@@ -54,3 +55,24 @@ def test_suite_is_complete():
 def test_cpu_meets_the_pass_target():
     # every test not excluded must pass (enforced above), so this bounds the pass count
     assert TOTAL - len(CPU) >= REQUIRED_CPU_PASSES
+
+
+def _numpy_params():
+    skip = excluded("CPUExecutionProvider")
+    for case in CASES:
+        marks = []
+        if case.name in skip:
+            marks.append(pytest.mark.xfail(reason=skip[case.name], strict=case.name not in CHANCE))
+        yield pytest.param(case, id=f"CPUExecutionProvider-numpy-{case.name}", marks=marks)
+
+
+@pytest.mark.parametrize("case", list(_numpy_params()))
+@pytest.mark.usefixtures("numpy_kernels")
+def test_node_on_numpy_kernels_alone(case):
+    """The CPU provider without its compiled kernels (as where no C compiler built
+    them) passes the same suite: every kernel's numpy path, at ORT_ENABLE_ALL."""
+    so = ort.SessionOptions()
+    so.graph_optimization_level = LEVELS["enable_all"]
+    with warnings.catch_warnings(), np.errstate(all="ignore"):
+        warnings.simplefilter("ignore")
+        run_node_test(case, ["CPUExecutionProvider"], so)
