@@ -118,5 +118,6 @@ extern PyMethodDef conv_methods[];
 extern PyMethodDef pool2d_methods[];
 extern PyMethodDef elementwise_methods[];
 extern PyMethodDef qlstm_methods[];
+extern PyMethodDef winograd_methods[];
 
 #endif
