@@ -1411,6 +1411,12 @@ class Conv(Kernel):
                 self._packed = (w, _ConvWeights(w, self.group, compute_dtype(w.dtype)))
             except ValueError:
                 self._packed = None
+            wp = None if self._packed is None else self._packed[1]
+            strides, dil = a.get("strides", [1, 1]), a.get("dilations", [1, 1])
+            if (wp is not None and native.BLAS and w.ndim == 4 and wp.kernel == (3, 3) and wp.group == 1
+                    and wp.gemm.dtype == np.float32 and list(strides) == [1, 1] and list(dil) == [1, 1]
+                    and w.shape[0] * w.shape[1] >= _WINOGRAD_MIN_CHANNELS):
+                wp.winograd()  # the transform once, at session creation, not in the first run
 
     def run(self, x, w, b=None):
         return (self.forward(x, w, b),)
