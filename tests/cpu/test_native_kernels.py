@@ -128,6 +128,9 @@ GEOMETRIES = [
     ((1, 37, 7, 9), (37, 1, 5, 5), {"group": 37, "pads": (2, 2, 2, 2)}),
     ((1, 20, 16, 16), (20, 1, 3, 3), {"group": 20, "strides": (2, 2), "dilations": (2, 2), "pads": (2, 0, 1, 2)}),
     ((1, 18, 30, 31), (18, 1, 7, 3), {"group": 18, "strides": (3, 1), "pads": (3, 1, 3, 1)}),
+    # reductions past the direct kernel's: im2col, strided and dilated
+    ((1, 48, 20, 20), (40, 48, 3, 3), {"strides": (2, 2), "pads": (1, 1, 1, 1)}),
+    ((1, 40, 18, 18), (24, 40, 3, 3), {"dilations": (2, 2), "pads": (2, 2, 2, 2)}),
     # 3x3, stride 1, 64 x 64 channels and more, maps of 12 and more: Winograd's F(2x2, 3x3)
     ((1, 64, 14, 14), (64, 64, 3, 3), {"pads": (1, 1, 1, 1)}),
     ((2, 64, 17, 13), (96, 64, 3, 3), {"pads": (0, 1, 2, 0)}),
@@ -142,6 +145,23 @@ GEOMETRIES = [
 def _gid(g):
     x, w, a = g
     return "x" + "x".join(map(str, x)) + "-w" + "x".join(map(str, w)) + "".join(f"-{k}{''.join(map(str, v)) if isinstance(v, tuple) else v}" for k, v in a.items())
+
+
+def _expected_kernel(x_shape, w_shape, attrs) -> str:
+    """The compiled function a float32 convolution of these shapes goes to (the rules
+    of onnxrt_cpu.kernels.conv: depthwise, Winograd, direct, im2col)."""
+    group, kernel = attrs.get("group", 1), tuple(w_shape[2:])
+    m, c = w_shape[:2]
+    if group == x_shape[1] and c == 1:
+        return "depthwise2d"
+    pads = attrs.get("pads", (0,) * 4)
+    if kernel == (3, 3) and group == 1 and "strides" not in attrs and "dilations" not in attrs \
+            and m * c >= 64 * 64 and min(x_shape[2] + pads[0] + pads[2], x_shape[3] + pads[1] + pads[3]) - 2 >= 12:
+        return "winograd3x3"
+    taps = int(np.prod(kernel))
+    if group == 1 and taps > 1 and c * taps <= 300 and (m <= 16 or c >= 8):
+        return "direct2d"
+    return "conv2d"
 
 
 class _Counting:
@@ -171,12 +191,7 @@ def test_convolutions_match_the_numpy_paths_and_onnxruntime(geometry, threads, r
     counting = _Counting(native.K)
     monkeypatch.setattr(native, "K", counting)
     got = _run(model, feeds, threads)
-    depthwise = attrs.get("group", 1) == x_shape[1] and w_shape[1] == 1
-    pads = attrs.get("pads", (0,) * 4)
-    winograd = w_shape[2:] == (3, 3) and attrs.get("group", 1) == 1 and "strides" not in attrs \
-        and "dilations" not in attrs and w_shape[0] * w_shape[1] >= 64 * 64 \
-        and min(x_shape[2] + pads[0] + pads[2], x_shape[3] + pads[1] + pads[3]) - 2 >= 12
-    assert counting.calls == {"depthwise2d" if depthwise else "winograd3x3" if winograd else "conv2d": 1}
+    assert counting.calls == {_expected_kernel(x_shape, w_shape, attrs): 1}
     want = rt.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, feeds)[0]
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
     request.getfixturevalue("numpy_kernels")
@@ -199,8 +214,8 @@ VARIANTS = [
 @needs_native
 @pytest.mark.parametrize("bias, act, residual", VARIANTS)
 @pytest.mark.parametrize("geometry", [GEOMETRIES[0], GEOMETRIES[4], GEOMETRIES[9], GEOMETRIES[13], GEOMETRIES[15],
-                                      GEOMETRIES[20]],
-                         ids=["1x1", "3x3", "rows", "depthwise", "depthwise-last", "winograd"])
+                                      GEOMETRIES[22], GEOMETRIES[19]],
+                         ids=["1x1", "direct", "rows", "depthwise", "depthwise-last", "winograd", "im2col"])
 def test_bias_residual_and_activations_match_onnxruntime(geometry, bias, act, residual):
     x_shape, w_shape, attrs = geometry
     kw = dict(bias=bias, act=act, residual=residual, **attrs)

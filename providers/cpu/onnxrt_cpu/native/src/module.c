@@ -2,7 +2,8 @@
 #include "native.h"
 
 static PyMethodDef *const tables[] = {pool_methods, blas_methods, depthwise_methods, conv_methods,
-                                      pool2d_methods, elementwise_methods, qlstm_methods, winograd_methods};
+                                      pool2d_methods, elementwise_methods, qlstm_methods, winograd_methods,
+                                      direct_methods};
 
 static PyMethodDef methods[64];
 

@@ -119,5 +119,6 @@ extern PyMethodDef pool2d_methods[];
 extern PyMethodDef elementwise_methods[];
 extern PyMethodDef qlstm_methods[];
 extern PyMethodDef winograd_methods[];
+extern PyMethodDef direct_methods[];
 
 #endif
