@@ -24,6 +24,9 @@ import importlib
 import os
 from types import ModuleType
 
+import numpy as np
+from onnxrt.threads import current_thread_count
+
 __all__ = ["K", "BLAS", "RELU", "CLIP", "SIGMOID", "SWISH", "GELU", "kernels", "blas_ready", "channel_affine", "status",
            "unary"]
 
@@ -50,8 +53,6 @@ def _numpy_blas_libraries() -> list[str]:
     """Paths of the BLAS libraries loaded in this process, numpy's first."""
     from threadpoolctl import threadpool_info
 
-    import numpy as np
-
     libs = [i["filepath"] for i in threadpool_info() if i.get("user_api") == "blas" and i.get("filepath")]
     root = os.path.dirname(os.path.dirname(np.__file__))
     return sorted(libs, key=lambda p: not os.path.realpath(p).startswith(os.path.realpath(root)))
@@ -60,8 +61,6 @@ def _numpy_blas_libraries() -> list[str]:
 def _hand_over_blas(module: ModuleType) -> tuple[str | None, str | None]:
     """Find numpy's CBLAS products, give them to ``module`` and check one product of
     each against numpy: (the library, None) or (None, why not)."""
-    import numpy as np
-
     np.dot(np.ones((2, 2)), np.ones((2, 2)))  # numpy loads its BLAS lazily on some builds
     for path in _numpy_blas_libraries():
         try:
@@ -85,7 +84,6 @@ def _hand_over_blas(module: ModuleType) -> tuple[str | None, str | None]:
 
 def _products_agree(module: ModuleType) -> bool:
     """A small convolution through the handed-over products against numpy."""
-    import numpy as np
 
     rng = np.random.default_rng(0)
     for dt in (np.float32, np.float64):
@@ -183,18 +181,15 @@ def unary(x, op: int, alpha: float = 0.0, beta: float = 0.0, bias=None):
     C-contiguous float32 numpy array of at least :data:`UNARY_MIN` elements). With a
     ``bias`` (a float32 vector as long as ``x``'s last axis) the op applies to ``x +
     bias``, added in the same pass (BiasGelu)."""
-    import numpy as np
-
     k = K
-    if k is None or type(x) is not np.ndarray or x.dtype != np.float32 or x.size < UNARY_MIN \
+    # the size first: most calls of small models stop here, at the cost of two lookups
+    if k is None or type(x) is not np.ndarray or x.size < UNARY_MIN or x.dtype != np.float32 \
             or not x.flags.c_contiguous or x.ndim == 0:
         return None
     if bias is not None:
         if type(bias) is not np.ndarray or bias.dtype != np.float32 or bias.shape != x.shape[-1:]:
             return None
         bias = np.ascontiguousarray(bias)
-    from onnxrt.threads import current_thread_count
-
     y = np.empty_like(x)
     k.unary(x, y, op, float(alpha), float(beta), current_thread_count(), bias)
     return y
@@ -206,8 +201,6 @@ def channel_affine(x, a, s):
     over the run's threads; None where it does not take ``x`` (not loaded, not a
     C-contiguous float32/64 numpy array of rank 2 or more, or ``a`` and ``s`` not
     ``[C]`` vectors of its type)."""
-    import numpy as np
-
     k = K
     if k is None or type(x) is not np.ndarray or x.dtype not in (np.float32, np.float64) or x.ndim < 2 \
             or x.size == 0 or not x.flags.c_contiguous:
@@ -217,8 +210,6 @@ def channel_affine(x, a, s):
     s = np.ascontiguousarray(s, dtype=x.dtype).reshape(-1)
     if a.shape != (c,) or s.shape != (c,):
         return None
-    from onnxrt.threads import current_thread_count
-
     y = np.empty_like(x)
     inner = x.size // (x.shape[0] * c)
     k.channel_affine(x, a, s, y, c, inner, current_thread_count())
