@@ -731,3 +731,63 @@ def test_qlinear_conv_past_the_exact_bound_takes_the_numpy_path(monkeypatch):
     mult = np.float32(0.05) * np.float32(0.001) / np.float32(0.07)
     want = np.clip(np.rint(acc.astype(np.float32) * mult), 0, 255).astype(np.uint8)
     np.testing.assert_array_equal(got[0], want)
+
+
+# (attributes, extra inputs, batch, query length, heads, kv heads, head size, past, lengths, first prompt)
+GQA_CASES = [
+    ({}, (), 3, 1, 6, 2, 32, 7, [8, 3, 6], False),
+    ({"do_rotary": 1}, ("rotary",), 8, 1, 4, 2, 16, 31, [32] * 8, False),
+    ({"do_rotary": 1, "rotary_interleaved": 1}, ("rotary_partial",), 2, 1, 4, 4, 32, 5, [6, 4], False),
+    ({"local_window_size": 3}, (), 1, 3, 4, 2, 16, 6, [9], False),
+    ({"local_window_size": 3}, (), 2, 3, 4, 2, 16, 6, [9, 7], False),  # onnxruntime: batch 1 only
+    ({"causal": 0, "do_rotary": 1}, ("rotary",), 1, 2, 2, 1, 16, 4, [6], False),
+    ({"do_rotary": 1, "local_window_size": 2}, ("rotary",), 3, 5, 4, 2, 32, 0, [5, 3, 5], True),
+]
+
+
+@needs_native
+@pytest.mark.parametrize("packed", [False, True], ids=["separate", "packed"])
+@pytest.mark.parametrize("case", GQA_CASES, ids=[f"gqa{i}" for i in range(len(GQA_CASES))])
+def test_group_query_attention_matches_the_numpy_path_and_onnxruntime(case, packed, request, monkeypatch):
+    from tests.cpu import test_group_query_attention as G
+
+    attrs, extras, b, s, n, nkv, h, past, lengths, first = case
+    rng = np.random.default_rng(4)
+    total = s if first else max(lengths)
+    feeds = G._feeds(rng, b, s, n, nkv, h, lengths, total, past=past, packed=packed)
+    G._extras(rng, feeds, extras, n, h, s, total)
+    model = G._model(feeds, dict(attrs, num_heads=n, kv_num_heads=nkv))
+    given = {k: v for k, v in feeds.items() if v is not None}
+    for threads in (1, 2):
+        counting = _Counting(native.K)
+        monkeypatch.setattr(native, "K", counting)
+        got = _run_all(model, given, threads)
+        assert counting.calls == {"gqa": 1}
+        if b == 1 or s == 1 or first:  # onnxruntime refuses a batch's chunk after a past
+            G._assert_valid_rows_match(got, G._run(model, feeds, "ort"), lengths, s, first)
+    request.getfixturevalue("numpy_kernels")
+    G._assert_valid_rows_match(got, _run_all(model, given), lengths, s, first, tol=2e-6)
+
+
+def _run_all(model, feeds, threads=1):
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = threads
+    return ort.InferenceSession(model, so, providers=["CPUExecutionProvider"]).run(None, feeds)
+
+
+@needs_native
+def test_group_query_attention_kernel_refuses_positions_outside_its_buffers():
+    b, s, n, nkv, h, cache = 1, 1, 2, 1, 4, 4
+    q = np.zeros((b, s, n * h), np.float32)
+    kv = np.zeros((b, s, nkv * h), np.float32)
+    present = np.empty((b, nkv, cache, h), np.float32)
+    out = np.empty((b, s, n, h), np.float32)
+    offsets = (0, 0, 0, n * h, nkv * h, nkv * h)
+    dims = (b, s, n, nkv, h, 0, cache, 0, 0, 0, -1, 1, 0.5)
+    for starts, lengths in (([5], [4]), ([0], [9]), ([-1], [1])):
+        with pytest.raises(ValueError, match="outside the cache"):
+            native.K.gqa(q, kv, kv, offsets, None, None, present, present.copy(), out, None, None,
+                         np.array(starts, np.int64), np.array(lengths, np.int64), dims, 1)
+    with pytest.raises(ValueError, match="holds 4 elements"):
+        native.K.gqa(q[..., :4], kv, kv, offsets, None, None, present, present.copy(), out, None, None,
+                     np.array([0], np.int64), np.array([1], np.int64), dims, 1)

@@ -120,5 +120,6 @@ extern PyMethodDef elementwise_methods[];
 extern PyMethodDef qlstm_methods[];
 extern PyMethodDef winograd_methods[];
 extern PyMethodDef direct_methods[];
+extern PyMethodDef gqa_methods[];
 
 #endif

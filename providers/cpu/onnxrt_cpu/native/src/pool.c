@@ -14,6 +14,7 @@
 #include "native.h"
 
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <time.h>
@@ -44,6 +45,8 @@ static struct {
     _Atomic long spin_ns;
     uint64_t generation;
     int workers;
+    /* for pool_info: jobs run, and the callers' time working and waiting for workers */
+    long long stat_jobs, stat_work_ns, stat_wait_ns;
     pthread_mutex_t busy; /* held by the one caller using the pool */
     pthread_mutex_t grow;
     pthread_mutex_t sleep_lock;
@@ -93,9 +96,14 @@ static void *worker(void *arg)
             if (atomic_load_explicit(&P.published, memory_order_acquire) != seen)
                 break;
             cpu_relax();
-            if ((spins & 255) == 0 &&
-                (elapsed_ns(&t0) > atomic_load_explicit(&P.spin_ns, memory_order_relaxed) ||
-                 atomic_load_explicit(&P.rest_at, memory_order_relaxed) == seen)) {
+            if ((spins & 255) != 0)
+                continue;
+            /* the scheduler may have woken this worker on the caller's own CPU: yield,
+             * or its spinning would keep the caller off that CPU (a job's caller was
+             * measured waiting out the whole 200 us spin) */
+            sched_yield();
+            if (elapsed_ns(&t0) > atomic_load_explicit(&P.spin_ns, memory_order_relaxed) ||
+                atomic_load_explicit(&P.rest_at, memory_order_relaxed) == seen) {
                 /* sleeping is raised before published is read again, and the caller
                  * bumps published before it reads sleeping: one of the two sees the other */
                 pthread_mutex_lock(&P.sleep_lock);
@@ -155,14 +163,24 @@ void pool_run(pool_task task, void *ctx, Py_ssize_t count, int threads)
                           memory_order_release);
     atomic_fetch_add(&P.published, 1);
     if (atomic_load(&P.sleeping) > 0) {
+        /* taking and releasing the lock orders this after any worker's check of
+         * published; broadcasting after the release spares the woken workers a block on
+         * the lock (and the caller a second wake-up of theirs) */
         pthread_mutex_lock(&P.sleep_lock);
-        pthread_cond_broadcast(&P.wake);
         pthread_mutex_unlock(&P.sleep_lock);
+        pthread_cond_broadcast(&P.wake);
     }
+    struct timespec t0;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
     work();
+    long mine = elapsed_ns(&t0);
     /* the last chunks are a worker's already under way: wait for them, spinning */
     while (atomic_load_explicit(&P.done, memory_order_acquire) < count)
         cpu_relax();
+    long all = elapsed_ns(&t0);
+    P.stat_jobs++;
+    P.stat_work_ns += mine;
+    P.stat_wait_ns += all - mine;
     pthread_mutex_unlock(&P.busy);
 }
 
@@ -247,8 +265,9 @@ static PyObject *pool_rest(PyObject *self, PyObject *unused)
 
 static PyObject *pool_info(PyObject *self, PyObject *unused)
 {
-    return Py_BuildValue("{s:i,s:i,s:d}", "workers", P.workers, "sleeping", atomic_load(&P.sleeping), "spin_us",
-                         (double)atomic_load(&P.spin_ns) / 1000.0);
+    return Py_BuildValue("{s:i,s:i,s:d,s:L,s:d,s:d}", "workers", P.workers, "sleeping", atomic_load(&P.sleeping),
+                         "spin_us", (double)atomic_load(&P.spin_ns) / 1000.0, "jobs", P.stat_jobs, "work_us",
+                         (double)P.stat_work_ns / 1000.0, "wait_us", (double)P.stat_wait_ns / 1000.0);
 }
 
 typedef struct {
