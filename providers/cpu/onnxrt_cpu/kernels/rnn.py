@@ -14,6 +14,15 @@ to all four gates.
 ``sequence_lens`` is honoured per batch entry: outputs past a sequence's length are
 zero and ``Y_h``/``Y_c`` hold the state of its last valid step. The reverse direction
 of a ragged batch reverses each entry's valid prefix, runs forward, and maps back.
+
+Where the CPU provider's compiled kernels are loaded, the layers with the default
+activations (RNN tanh; GRU sigmoid and tanh, either ``linear_before_reset``; LSTM
+sigmoid, tanh and tanh, peepholes or not) and no clip or ``input_forget`` run the
+time loop in C instead (``rnn_steps`` of ``onnxrt_cpu/native/src/rnn.c``): the same
+operations on every element in the same order, each direction's hidden units split
+over the run's threads. Its recurrent product sums in its own order (not BLAS's), so
+results agree with the numpy loop to the rounding of those sums (about 5e-7 in
+float32 over tests/cpu/test_recurrent_native.py's configurations).
 """
 
 from __future__ import annotations
@@ -22,6 +31,7 @@ import numpy as np
 
 from onnxrt.kernel import Kernel
 
+from .. import native
 from ..parallel import blas_aligned, matmul_nd
 from ..registry import op
 
@@ -358,6 +368,28 @@ class _Recurrent(Kernel):
         extra = self.extra_inputs(P, p, D, H, dt)
 
         Y = np.empty((S, D, Bn, H), dt)
+        finals = self._compiled_steps(xw, p, states0, lens, extra, Y)
+        if finals is None:
+            finals = self._numpy_steps(xw, p, states0, lens, extra, Y)
+        if lens is not None and (lens == 0).any():
+            # an empty sequence has no last step: its final state is zero
+            for f in finals:
+                f[:, lens == 0] = 0
+
+        if self.layout == 1:
+            Y = Y.transpose(2, 0, 1, 3)
+            finals = [f.transpose(1, 0, 2) for f in finals]
+        outs = [Y] + finals
+        if dt != in_dt:
+            outs = [o.astype(in_dt) for o in outs]
+        return tuple(outs)
+
+    def _numpy_steps(self, xw, p, states0, lens, extra, Y):
+        """The time loop in numpy calls: writes ``Y`` ``[S, D, B, H]`` and returns the
+        final states (``[D, B, H]`` each), each row's last valid one."""
+        H, D, G = p["H"], self.num_dir, self.N_GATES
+        S, Bn, _ = xw.shape
+        dt = Y.dtype
         finals = [np.empty((D, Bn, H), dt) for _ in range(self.N_STATES)]
         masks = rev = None
         if lens is not None:
@@ -395,18 +427,44 @@ class _Recurrent(Kernel):
                 out_states = self._loop(xw_d, p, d, states, Y_d, range(S), masks, extra)
             for f, s in zip(finals, out_states):
                 f[d] = s
-        if lens is not None and (lens == 0).any():
-            # an empty sequence has no last step: its final state is zero
-            for f in finals:
-                f[:, lens == 0] = 0
+        return finals
 
-        if self.layout == 1:
-            Y = Y.transpose(2, 0, 1, 3)
-            finals = [f.transpose(1, 0, 2) for f in finals]
-        outs = [Y] + finals
-        if dt != in_dt:
-            outs = [o.astype(in_dt) for o in outs]
-        return tuple(outs)
+    #: The op's kind for the compiled loop (``rnn_steps``: 0 RNN, 1 GRU, 2 LSTM), or
+    #: None where it has none.
+    NATIVE_KIND: int | None = None
+
+    def _compiled_applies(self, extra) -> bool:
+        """Whether the compiled time loop computes this layer: the default
+        activations in every direction and no clip (subclasses add their own
+        conditions)."""
+        default = tuple(self.DEFAULT_ACTS)
+        return self.clip is None and all(tuple(n) == default for n in self.act_names)
+
+    def _compiled_steps(self, xw, p, states0, lens, extra, Y):
+        """The time loop by the compiled kernel (``rnn_steps`` of
+        ``onnxrt_cpu/native/src/rnn.c``): writes ``Y`` and returns the final states,
+        as :meth:`_numpy_steps` does; None where it does not apply (not built, or a
+        layer it does not compute)."""
+        k = native.K
+        if k is None or self.NATIVE_KIND is None or not self._compiled_applies(extra):
+            return None
+        from onnxrt.threads import current_thread_count
+
+        D, S, Bn = self.num_dir, xw.shape[0], xw.shape[1]
+        # the states are the run's own copies, updated in place into the final ones
+        states = [np.ascontiguousarray(s) for s in states0]
+        lbr = self.NATIVE_KIND == 1 and bool(self.lbr)
+        rbh = None
+        if lbr:
+            rbh = p.get("rbh_all")
+            if rbh is None:
+                rbh = p["rbh_all"] = np.ascontiguousarray(np.stack(p["rbh"]))
+        peep = None if extra is None else np.ascontiguousarray(extra)
+        reverse = sum(1 << d for d in range(D) if self.direction == "reverse" or d == 1)
+        cell = states[1] if len(states) > 1 else None
+        k.rnn_steps(self.NATIVE_KIND, lbr, np.ascontiguousarray(xw), tuple(p["r_t"]), rbh, peep, states[0], cell,
+                    lens, reverse, Y, (S, Bn, D, p["H"]), current_thread_count())
+        return states
 
     def extra_inputs(self, P, p, D, H, dt):
         return None
@@ -441,6 +499,7 @@ class RNN(_Recurrent):
     N_GATES = 1
     N_ACTS = 1
     DEFAULT_ACTS = ("tanh",)
+    NATIVE_KIND = 0
 
     def setup(self):
         super().setup()
@@ -500,6 +559,7 @@ class GRU(_Recurrent):
     N_GATES = 3
     N_ACTS = 2
     DEFAULT_ACTS = ("sigmoid", "tanh")
+    NATIVE_KIND = 1
 
     def extra_setup(self):
         self.lbr = int(self.attrs.get("linear_before_reset", 0))
@@ -687,6 +747,7 @@ class LSTM(_Recurrent):
     N_ACTS = 3
     DEFAULT_ACTS = ("sigmoid", "tanh", "tanh")
     N_STATES = 2
+    NATIVE_KIND = 2
 
     def extra_setup(self):
         self.input_forget = int(self.attrs.get("input_forget", 0))
@@ -708,6 +769,9 @@ class LSTM(_Recurrent):
             raise ValueError(f"{self.node.describe()}: P must be [{D}, {3 * H}], got {P.shape}")
         # peepholes feed sigmoid gates: scale them like the weights
         return P * p["scale"][:, : 3 * H]
+
+    def _compiled_applies(self, extra) -> bool:
+        return super()._compiled_applies(extra) and not self.input_forget
 
     def _both_directions(self, p, extra) -> bool:
         return (extra is None and self._clip_bounds(p, 0) is None and all(self.fused) and not self.input_forget

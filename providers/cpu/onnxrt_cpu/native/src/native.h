@@ -121,5 +121,6 @@ extern PyMethodDef qlstm_methods[];
 extern PyMethodDef winograd_methods[];
 extern PyMethodDef direct_methods[];
 extern PyMethodDef gqa_methods[];
+extern PyMethodDef rnn_methods[];
 
 #endif

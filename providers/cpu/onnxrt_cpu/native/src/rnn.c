@@ -1,0 +1,557 @@
+/* The time loop of the float recurrent layers RNN, GRU and LSTM
+ * (``onnxrt_cpu.kernels.rnn``) with their default activations: everything a step
+ * does after the input projection (one GEMM over all steps, made in Python).
+ *
+ * A step is what the numpy loop's calls do, element by element, in the same order
+ * and each operation rounded once: the recurrent product, ``+`` the input gates,
+ * the sigmoid gates as ``0.5 * tanh + 0.5`` on inputs prescaled by 0.5 (the packed
+ * weights are), the candidate's ``tanh``, the new cell and state, the outputs; with
+ * ragged ``sequence_lens`` the rows past their length keep their state and output
+ * zero (``h * 0``, as numpy's multiply by the mask), and the reverse direction runs
+ * each row's valid steps backwards. ``tanh`` is numpy's own float32 algorithm where
+ * the CPU runs the x86-64-v3 or v4 clones (AVX2 and FMA, as numpy's dispatch there),
+ * else the C library's ``tanhf`` (numpy's there too); float64 takes the C library's
+ * ``tanh``, within an ulp or two of numpy's SIMD one. The recurrent product is the
+ * one operation summed in another order than numpy's BLAS call (a matrix-vector
+ * product for one row, ``sgemm`` for more): here every column's sum runs over the
+ * state's values in order, with fused multiply-adds, whatever the batch and the
+ * threads, so results differ from the numpy loop's by the rounding of those sums
+ * carried through the steps.
+ *
+ * Threads: each direction is a recurrence of its own; within one, a step's hidden
+ * units split into parts (every part its columns of every gate), which need the
+ * whole state of the step before: a step is then one job of the pool (two for GRU
+ * without ``linear_before_reset``, whose candidate's product reads ``r * h`` of every
+ * unit), and the state is double-buffered. With one part per direction, each
+ * direction runs all its steps as one task. */
+#include "native.h"
+
+#include <math.h>
+#include <stdlib.h>
+
+enum { RNN_KIND = 0, GRU_KIND = 1, LSTM_KIND = 2 };
+
+/* Parts of a direction's units: at most RNN_MAX_PARTS, each at least RNN_MIN_UNITS
+ * units (the parts start at multiples of 16, a float vector of the widest clone) and
+ * RNN_MIN_WORK multiply-adds of the product a job of the pool (a step, or half of
+ * one for GRU without linear_before_reset). A job costs about 0.3-0.4 us here;
+ * batch-1 steps, one thread against two parts on two: LSTM of hidden size 96 (37K
+ * multiply-adds) 1.82-2.15 -> 1.64-1.81 us, 256 12.1-13.6 -> 6.3-8.1; below, GRU of
+ * 64 (12K) 0.90 -> 1.21, LSTM of 64 (16K) 0.96-1.17 -> 0.88-1.03, RNN of 128 (16K)
+ * 0.75-0.88 -> 0.76: not worth it. */
+#define RNN_MAX_PARTS 8
+#define RNN_MIN_UNITS 32
+#define RNN_MIN_WORK 16384.0
+
+/* ---- the recurrent product ----------------------------------------------------- */
+
+/* ``out[r, c] = sum_j x[r, j] w[j, c]`` for r < rows, c < cols, j < k: every sum a
+ * chain of fused multiply-adds over j in order (defined before the pragma below,
+ * which keeps every other multiplication and addition apart), whatever block the
+ * column falls in, so a column's value does not depend on how the columns are
+ * split among threads. ``x`` rows ``ldx`` apart, ``w`` rows ``ldw``, ``out`` rows
+ * ``ldo``. Blocks of RB rows by VB vectors of columns: eight accumulators (4 x 2,
+ * 2 x 4, 1 x 8) where the columns allow, as many products in flight as two
+ * fused-multiply-add pipes of four cycles' latency take, and with AVX-512's 32
+ * registers sixteen (8 x 2), which read the weights half as often (a batch of 8,
+ * hidden size 256, LSTM: 70 -> 52 us a step; OpenBLAS's sgemm there 51-62, but for
+ * one row, per gate block of 128 columns, 22 against 12); then fewer vectors, then
+ * the last columns one by one. In vectors of the clone's width (see qlstm.c: GCC
+ * splits a vector wider than the registers poorly). */
+#define RNN_BLOCK(RB, VB)                                                                                            \
+    do {                                                                                                             \
+        vec acc_[RB][VB];                                                                                            \
+        for (int i_ = 0; i_ < RB; i_++)                                                                              \
+            for (int v_ = 0; v_ < VB; v_++)                                                                          \
+                acc_[i_][v_] = (vec){0};                                                                             \
+        for (Py_ssize_t j = 0; j < k; j++) {                                                                         \
+            const elem *wj = w + j * ldw + c;                                                                        \
+            for (int v_ = 0; v_ < VB; v_++) {                                                                        \
+                const vec u = *(const vec *)(wj + v_ * L);                                                           \
+                for (int i_ = 0; i_ < RB; i_++)                                                                      \
+                    acc_[i_][v_] += x[(r + i_) * ldx + j] * u;                                                       \
+            }                                                                                                        \
+        }                                                                                                            \
+        for (int i_ = 0; i_ < RB; i_++)                                                                              \
+            for (int v_ = 0; v_ < VB; v_++)                                                                          \
+                *(vec *)(out + (r + i_) * ldo + c + v_ * L) = acc_[i_][v_];                                          \
+        c += VB * L;                                                                                                 \
+    } while (0)
+
+#define RNN_TAIL(RB)                                                                                                 \
+    for (; c < cols; c++)                                                                                            \
+        for (int i_ = 0; i_ < RB; i_++) {                                                                            \
+            elem s_ = 0;                                                                                             \
+            for (Py_ssize_t j = 0; j < k; j++)                                                                       \
+                s_ += x[(r + i_) * ldx + j] * w[j * ldw + c];                                                        \
+            out[(r + i_) * ldo + c] = s_;                                                                            \
+        }
+
+#define RNN_PRODUCT(NAME, T, BYTES)                                                                                  \
+    typedef T NAME##_vec __attribute__((vector_size(BYTES), aligned(sizeof(T))));                                    \
+    NATIVE_CLONES static void NAME(const T *restrict x, Py_ssize_t ldx, Py_ssize_t rows, Py_ssize_t k,               \
+                                   const T *restrict w, Py_ssize_t ldw, Py_ssize_t cols, T *restrict out,            \
+                                   Py_ssize_t ldo)                                                                   \
+    {                                                                                                                \
+        typedef NAME##_vec vec;                                                                                      \
+        typedef T elem;                                                                                              \
+        const Py_ssize_t L = BYTES / sizeof(T);                                                                      \
+        Py_ssize_t r = 0, c;                                                                                         \
+        if (BYTES == 64)                                                                                             \
+            for (; r + 8 <= rows; r += 8) {                                                                          \
+                for (c = 0; c + 2 * L <= cols;)                                                                      \
+                    RNN_BLOCK(8, 2);                                                                                 \
+                if (c + L <= cols)                                                                                   \
+                    RNN_BLOCK(8, 1);                                                                                 \
+                RNN_TAIL(8)                                                                                          \
+            }                                                                                                        \
+        for (; r + 4 <= rows; r += 4) {                                                                              \
+            for (c = 0; c + 2 * L <= cols;)                                                                          \
+                RNN_BLOCK(4, 2);                                                                                     \
+            if (c + L <= cols)                                                                                       \
+                RNN_BLOCK(4, 1);                                                                                     \
+            RNN_TAIL(4)                                                                                              \
+        }                                                                                                            \
+        for (; r + 2 <= rows; r += 2) {                                                                              \
+            for (c = 0; c + 4 * L <= cols;)                                                                          \
+                RNN_BLOCK(2, 4);                                                                                     \
+            if (c + 2 * L <= cols)                                                                                   \
+                RNN_BLOCK(2, 2);                                                                                     \
+            if (c + L <= cols)                                                                                       \
+                RNN_BLOCK(2, 1);                                                                                     \
+            RNN_TAIL(2)                                                                                              \
+        }                                                                                                            \
+        for (; r < rows; r++) {                                                                                      \
+            for (c = 0; c + 8 * L <= cols;)                                                                          \
+                RNN_BLOCK(1, 8);                                                                                     \
+            if (c + 4 * L <= cols)                                                                                   \
+                RNN_BLOCK(1, 4);                                                                                     \
+            if (c + 2 * L <= cols)                                                                                   \
+                RNN_BLOCK(1, 2);                                                                                     \
+            if (c + L <= cols)                                                                                       \
+                RNN_BLOCK(1, 1);                                                                                     \
+            RNN_TAIL(1)                                                                                              \
+        }                                                                                                            \
+    }
+
+RNN_PRODUCT(rnn_product_f32_64, float, 64)
+RNN_PRODUCT(rnn_product_f32_32, float, 32)
+RNN_PRODUCT(rnn_product_f32_16, float, 16)
+RNN_PRODUCT(rnn_product_f64_64, double, 64)
+RNN_PRODUCT(rnn_product_f64_32, double, 32)
+RNN_PRODUCT(rnn_product_f64_16, double, 16)
+
+typedef void (*rnn_product_f32_fn)(const float *, Py_ssize_t, Py_ssize_t, Py_ssize_t, const float *, Py_ssize_t,
+                                   Py_ssize_t, float *, Py_ssize_t);
+typedef void (*rnn_product_f64_fn)(const double *, Py_ssize_t, Py_ssize_t, Py_ssize_t, const double *, Py_ssize_t,
+                                   Py_ssize_t, double *, Py_ssize_t);
+
+/* Which clone of NATIVE_CLONES this CPU runs: 4 (x86-64-v4), 3 (x86-64-v3), else 0. */
+static int rnn_level(void)
+{
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__) && __GNUC__ >= 12
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("x86-64-v4") ? 4 : __builtin_cpu_supports("x86-64-v3") ? 3 : 0;
+#else
+    return 0;
+#endif
+}
+
+/* From here on a product and a sum are two operations, each rounded, as numpy's
+ * calls compute them (no contraction into fused multiply-adds; the fused ones of
+ * numpy's tanh are written as fmaf), and no floating-point exception is looked at,
+ * which lets GCC turn tanh's selects into vector blends; see qlstm.c. */
+#if defined(__clang__)
+#pragma STDC FP_CONTRACT OFF
+#elif defined(__GNUC__)
+#pragma GCC optimize("fp-contract=off", "no-trapping-math")
+#endif
+
+/* ---- numpy's float32 tanh -------------------------------------------------------- */
+
+/* The same port as qlstm.c's (``simd_tanh_f32`` of numpy's
+ * loops_hyperbolic.dispatch.cpp.src, from Intel's SVML), which these functions copy:
+ * 32 intervals of |x|, on each a polynomial of degree 6 in |x| - b. */
+
+#define RN_INLINE static inline __attribute__((always_inline))
+
+RN_INLINE uint32_t rn_bits(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    return u;
+}
+
+RN_INLINE float rn_float(uint32_t u)
+{
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+/* Rows b, c0 .. c6 of the intervals. */
+static const uint32_t rn_tanh_lut[8][32] = {
+    {0x0,        0x3d700000, 0x3d900000, 0x3db00000, 0x3dd00000, 0x3df00000, 0x3e100000, 0x3e300000,
+     0x3e500000, 0x3e700000, 0x3e900000, 0x3eb00000, 0x3ed00000, 0x3ef00000, 0x3f100000, 0x3f300000,
+     0x3f500000, 0x3f700000, 0x3f900000, 0x3fb00000, 0x3fd00000, 0x3ff00000, 0x40100000, 0x40300000,
+     0x40500000, 0x40700000, 0x40900000, 0x40b00000, 0x40d00000, 0x40f00000, 0x41100000, 0x0},
+    {0x0,        0x3d6fb9c9, 0x3d8fc35f, 0x3daf9169, 0x3dcf49ab, 0x3deee849, 0x3e0f0ee8, 0x3e2e4984,
+     0x3e4d2f8e, 0x3e6bb32e, 0x3e8c51cd, 0x3ea96163, 0x3ec543f1, 0x3edfd735, 0x3f028438, 0x3f18abf0,
+     0x3f2bc480, 0x3f3bec1c, 0x3f4f2e5b, 0x3f613c53, 0x3f6ce37d, 0x3f743c4f, 0x3f7a5feb, 0x3f7dea85,
+     0x3f7f3b3d, 0x3f7fb78c, 0x3f7fefd4, 0x3f7ffdd0, 0x3f7fffb4, 0x3f7ffff6, 0x3f7fffff, 0x3f800000},
+    {0x3f800000, 0x3f7f1f84, 0x3f7ebd11, 0x3f7e1e5f, 0x3f7d609f, 0x3f7c842d, 0x3f7b00e5, 0x3f789580,
+     0x3f75b8ad, 0x3f726fd9, 0x3f6cc59b, 0x3f63fb92, 0x3f59ff97, 0x3f4f11d7, 0x3f3d7573, 0x3f24f360,
+     0x3f0cbfe7, 0x3eec1a69, 0x3eb0a801, 0x3e6753a2, 0x3e132f1a, 0x3db7e7d3, 0x3d320845, 0x3c84d3d4,
+     0x3bc477b7, 0x3b10d3da, 0x3a01601e, 0x388c1a3b, 0x3717b0da, 0x35a43bce, 0x338306c6, 0x0},
+    {0xb0343c7b, 0xbd6ee69d, 0xbd8f0da7, 0xbdae477d, 0xbdcd2a1f, 0xbdeba80d, 0xbe0c443b, 0xbe293cf3,
+     0xbe44f282, 0xbe5f3651, 0xbe81c7c0, 0xbe96d7ca, 0xbea7fb8e, 0xbeb50e9e, 0xbec12efe, 0xbec4be92,
+     0xbebce070, 0xbead510e, 0xbe8ef7d6, 0xbe4b8704, 0xbe083237, 0xbdaf7449, 0xbd2e1ec4, 0xbc83bf06,
+     0xbbc3e0b5, 0xbb10aadc, 0xba0157db, 0xb88c18f2, 0xb717b096, 0xb5a43bae, 0xb383012c, 0x0},
+    {0xbeaaaaa5, 0xbeab0612, 0xbea7f01f, 0xbea4e120, 0xbea387b7, 0xbea15962, 0xbe9d57f7, 0xbe976b5a,
+     0xbe90230d, 0xbe880dff, 0xbe7479b3, 0xbe4c3d88, 0xbe212482, 0xbdeb8cba, 0xbd5e78ad, 0x3c6b5e6e,
+     0x3d839143, 0x3dc21ee1, 0x3de347af, 0x3dcbec96, 0x3d99ef2d, 0x3d542ea1, 0x3cdde701, 0x3c2cca67,
+     0x3b81cb27, 0x3ac073a1, 0x39ac3032, 0x383a94d9, 0x36ca081d, 0x355abd4c, 0x332b3cb6, 0x0},
+    {0xb76dd6b9, 0xbe1c276d, 0x3c1dcf2f, 0x3dc1a78d, 0x3d96f985, 0x3da2b61b, 0x3dc13397, 0x3dd2f670,
+     0x3df48a0a, 0x3e06c5a8, 0x3e1a3aba, 0x3e27c405, 0x3e2e78d0, 0x3e2c3e44, 0x3e1d3097, 0x3df4a8f4,
+     0x3da38508, 0x3d31416a, 0x3b562657, 0xbcaeeac9, 0xbcce9419, 0xbcaaeac4, 0xbc49e7d0, 0xbba71ddd,
+     0xbb003b0e, 0xba3f9a05, 0xb92c08a7, 0xb7ba9232, 0xb64a0b0f, 0xb4dac169, 0xb2ab78ac, 0x0},
+    {0x3e0910e9, 0x43761143, 0x4165ecdc, 0xc190f756, 0xc08c097d, 0xc02ba813, 0xbf7f6bda, 0x3f2b1dc0,
+     0x3ece105d, 0x3f426a94, 0xbadb0dc4, 0x3da43b17, 0xbd51ab88, 0xbcaea23d, 0xbd3b6d8d, 0xbd6caaad,
+     0xbd795bed, 0xbd5fddda, 0xbd038f3b, 0xbc1cad63, 0x3abb4766, 0x3b95f10b, 0x3b825873, 0x3afaea66,
+     0x3a49f878, 0x39996bf3, 0x388f3e6c, 0x371bb0e3, 0x35a8a5e6, 0x34369b17, 0x322487b0, 0x0},
+    {0xbc0e2f66, 0x460bda12, 0x43d638ef, 0xc3e11c3e, 0xc2baa4e9, 0xc249da2d, 0xc1859b82, 0x40dd5b57,
+     0x40494640, 0x40c730a8, 0xbf0f160e, 0x3e30e76f, 0xbea81387, 0xbdb26a1c, 0xbd351e57, 0xbb4c01a0,
+     0x3c1d7bfb, 0x3c722cd1, 0x3c973f1c, 0x3c33a31b, 0x3b862ef4, 0x3a27b3d0, 0xba3b5907, 0xba0efc22,
+     0xb97f9f0f, 0xb8c8af50, 0xb7bdddfb, 0xb64f2950, 0xb4e085b1, 0xb3731dfa, 0xb15a1f04, 0x0},
+};
+
+/* The column of x's interval: 0 below |x| = 0.0546875, then a quarter binade each,
+ * 31 from 10 on (where tanh rounds to 1). */
+RN_INLINE int32_t rn_tanh_interval(uint32_t u)
+{
+    int32_t i = (int32_t)(u & 0x7fe00000u) - 0x3d400000;
+    i = i > 0 ? i : 0;
+    i = i < 0x3e00000 ? i : 0x3e00000;
+    return i >> 21;
+}
+
+RN_INLINE float rn_tanh_poly(float x, float b, float c0, float c1, float c2, float c3, float c4, float c5, float c6)
+{
+    const uint32_t u = rn_bits(x);
+    const float y = fabsf(x) - b;
+    float r = fmaf(c6, y, c5);
+    r = fmaf(r, y, c4);
+    r = fmaf(r, y, c3);
+    r = fmaf(r, y, c2);
+    r = fmaf(r, y, c1);
+    r = fmaf(r, y, c0);
+    r = (int32_t)(u & 0x7fe00000u) <= 0x7f000000 ? r : 1.0f; /* past the last interval, and infinities: 1 */
+    r = rn_float(rn_bits(r) | (u & 0x80000000u));
+    return x != x ? NAN : r;
+}
+
+typedef float rn_v8 __attribute__((vector_size(32), aligned(4)));
+typedef int32_t rn_i8 __attribute__((vector_size(32), aligned(4)));
+
+/* Row ``k`` of the table at eight intervals: two two-table permutes and a select. */
+RN_INLINE void rn_tanh_lookup(int k, const rn_i8 *idx, float *out)
+{
+#if !defined(__GNUC__) || defined(__clang__)
+    for (int l = 0; l < 8; l++)
+        out[l] = rn_float(rn_tanh_lut[k][(*idx)[l]]);
+#else
+    rn_v8 t0, t1, t2, t3;
+    memcpy(&t0, rn_tanh_lut[k], sizeof t0);
+    memcpy(&t1, rn_tanh_lut[k] + 8, sizeof t1);
+    memcpy(&t2, rn_tanh_lut[k] + 16, sizeof t2);
+    memcpy(&t3, rn_tanh_lut[k] + 24, sizeof t3);
+    const rn_i8 low = *idx & 15, high = (*idx & 16) != 0;
+    const rn_v8 a = __builtin_shuffle(t0, t1, low), b = __builtin_shuffle(t2, t3, low);
+    const rn_i8 c = ((rn_i8)a & ~high) | ((rn_i8)b & high);
+    memcpy(out, &c, sizeof c);
+#endif
+}
+
+/* ``y[i] = tanh(x[i])`` for i < n (y may be x), ``coef`` scratch for 8 n values. */
+RN_INLINE void rn_tanh_numpy(const float *x, float *y, Py_ssize_t n, float *restrict coef)
+{
+    Py_ssize_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        rn_i8 u;
+        memcpy(&u, x + i, sizeof u);
+        rn_i8 idx = (u & 0x7fe00000) - 0x3d400000;
+        idx &= idx > 0;
+        const rn_i8 below = idx < 0x3e00000;
+        idx = (idx & below) | (0x3e00000 & ~below);
+        idx >>= 21;
+        for (int k = 0; k < 8; k++)
+            rn_tanh_lookup(k, &idx, coef + k * n + i);
+    }
+    for (; i < n; i++) {
+        const int32_t idx = rn_tanh_interval(rn_bits(x[i]));
+        for (int k = 0; k < 8; k++)
+            coef[k * n + i] = rn_float(rn_tanh_lut[k][idx]);
+    }
+    for (i = 0; i < n; i++)
+        y[i] = rn_tanh_poly(x[i], coef[i], coef[n + i], coef[2 * n + i], coef[3 * n + i], coef[4 * n + i],
+                            coef[5 * n + i], coef[6 * n + i], coef[7 * n + i]);
+}
+
+/* ``y = tanh(x)`` over n values, as numpy computes it on this CPU (see the top). */
+RN_INLINE void rn_tanh_f32(int numpy_math, const float *x, float *y, Py_ssize_t n, float *restrict coef)
+{
+    if (numpy_math)
+        rn_tanh_numpy(x, y, n, coef);
+    else
+        for (Py_ssize_t i = 0; i < n; i++)
+            y[i] = tanhf(x[i]);
+}
+
+RN_INLINE void rn_tanh_f64(int numpy_math, const double *x, double *y, Py_ssize_t n, double *restrict coef)
+{
+    (void)numpy_math;
+    (void)coef;
+    for (Py_ssize_t i = 0; i < n; i++)
+        y[i] = tanh(x[i]);
+}
+
+/* ---- the time loop --------------------------------------------------------------- */
+
+typedef struct {
+    int kind, lbr;
+    const void *xw;      /* [seq, batch, dirs, G H]: the input gates (projection and biases) */
+    const void *r[2];    /* per direction [H, G H]: the recurrent weights, transposed */
+    const void *rbh;     /* GRU with linear_before_reset: [dirs, H], else NULL */
+    const void *peep;    /* LSTM: [dirs, 3 H] (i, o, f; prescaled) or NULL */
+    const int64_t *lens; /* [batch] or NULL */
+    void *y;             /* [seq, dirs, batch, H] */
+    void *hbuf;          /* [2, dirs, batch, H]: the state step t reads at t % 2 */
+    void *c;             /* LSTM: [dirs, batch, H] the cell, in place */
+    void *z, *rh;        /* GRU without linear_before_reset: [dirs, batch, H] z and r * h of a step */
+    Py_ssize_t seq, batch, dirs, hid, gates, parts;
+    Py_ssize_t bounds[RNN_MAX_PARTS + 1]; /* the parts' first units, and H */
+    Py_ssize_t t;                         /* the step of a job of parts */
+    int phase;                            /* GRU without linear_before_reset: 0 z and r, 1 the rest */
+    int reversed, numpy_math, failed;
+    rnn_product_f32_fn product_f32;
+    rnn_product_f64_fn product_f64;
+} rnn_job;
+
+#define T float
+#define SFX(name) name##_f32
+#define RN_TANH rn_tanh_f32
+#define RN_PRODUCT product_f32
+#include "rnn_body.h"
+#undef T
+#undef SFX
+#undef RN_TANH
+#undef RN_PRODUCT
+
+#define T double
+#define SFX(name) name##_f64
+#define RN_TANH rn_tanh_f64
+#define RN_PRODUCT product_f64
+#include "rnn_body.h"
+#undef T
+#undef SFX
+#undef RN_TANH
+#undef RN_PRODUCT
+
+/* Every step of direction ``d``, all its units one part. */
+static void rnn_direction_task(void *arg, Py_ssize_t d)
+{
+    rnn_job *j = arg;
+    const int two = j->kind == GRU_KIND && !j->lbr;
+    for (Py_ssize_t t = 0; t < j->seq; t++)
+        for (int phase = 0; phase <= two; phase++) {
+            if (j->product_f32)
+                rnn_part_f32(j, d, 0, t, phase);
+            else
+                rnn_part_f64(j, d, 0, t, phase);
+        }
+}
+
+/* Part ``i % parts`` of direction ``i / parts`` at the job's step and phase. */
+static void rnn_part_task(void *arg, Py_ssize_t i)
+{
+    rnn_job *j = arg;
+    if (j->product_f32)
+        rnn_part_f32(j, i / j->parts, i % j->parts, j->t, j->phase);
+    else
+        rnn_part_f64(j, i / j->parts, i % j->parts, j->t, j->phase);
+}
+
+/* How many parts each direction's units split into on ``threads`` threads: the
+ * directions first (each runs all its steps as one task), then the units where each
+ * part keeps enough work. */
+static Py_ssize_t rnn_parts(const rnn_job *j, int threads)
+{
+    Py_ssize_t parts = threads / j->dirs;
+    parts = parts < 1 ? 1 : parts > RNN_MAX_PARTS ? RNN_MAX_PARTS : parts;
+    /* GRU without linear_before_reset makes two jobs a step */
+    const double jobs = j->kind == GRU_KIND && !j->lbr ? 2.0 : 1.0;
+    const double work = (double)j->batch * (double)j->gates * (double)j->hid * (double)j->hid / jobs;
+    while (parts > 1 && (j->hid / parts < RNN_MIN_UNITS || work / (double)parts < RNN_MIN_WORK))
+        parts--;
+    return parts;
+}
+
+PyDoc_STRVAR(rnn_steps_doc,
+"rnn_steps(kind, lbr, xw, r, rbh, peep, h, c, lens, reversed, y, (seq, batch, dirs, hid),\n"
+"          threads)\n\n"
+"The time loop of RNN (kind 0), GRU (1) and LSTM (2) with the default activations\n"
+"(tanh; sigmoid and tanh; sigmoid, tanh and tanh), every direction at once, float32 or\n"
+"float64 (all alike), C-contiguous. xw [seq, batch, dirs, G H]: the input projection\n"
+"with the biases folded in (G gates; the sigmoid gates' columns, like the weights,\n"
+"prescaled by 0.5); r a sequence of dirs arrays [H, G H], the recurrent weights\n"
+"transposed (prescaled alike); rbh [dirs, H]: GRU's recurrent candidate bias where lbr\n"
+"(linear_before_reset), else None; peep [dirs, 3 H] (i, o, f; prescaled) or None: LSTM's\n"
+"peepholes; h [dirs, batch, H] the initial state, c the initial cell (LSTM, else None),\n"
+"both updated to each row's last valid step; lens [batch] int64 (ragged lengths) or None;\n"
+"the directions whose bit is set in reversed run backwards over each row's valid steps;\n"
+"y [seq, dirs, batch, H] (written; zero past a row's length). Each direction's hidden\n"
+"units split over up to threads threads, without the GIL.");
+
+static PyObject *rnn_steps(PyObject *self, PyObject *args)
+{
+    PyObject *xwo, *ro, *rbho, *peepo, *ho, *co, *lenso, *yo;
+    rnn_job j;
+    int threads;
+    memset(&j, 0, sizeof j);
+    if (!PyArg_ParseTuple(args, "ipOOOOOOOiO(nnnn)i:rnn_steps", &j.kind, &j.lbr, &xwo, &ro, &rbho, &peepo, &ho, &co,
+                          &lenso, &j.reversed, &yo, &j.seq, &j.batch, &j.dirs, &j.hid, &threads))
+        return NULL;
+    if (j.kind < RNN_KIND || j.kind > LSTM_KIND) {
+        PyErr_Format(PyExc_ValueError, "rnn_steps: unknown kind %d (0 RNN, 1 GRU, 2 LSTM)", j.kind);
+        return NULL;
+    }
+    j.gates = j.kind == LSTM_KIND ? 4 : j.kind == GRU_KIND ? 3 : 1;
+    if (j.seq < 0 || j.batch < 1 || j.dirs < 1 || j.dirs > 2 || j.hid < 1 || j.hid > PY_SSIZE_T_MAX / 64 / j.hid ||
+        j.seq + 2 > PY_SSIZE_T_MAX / 64 / j.dirs / j.batch / j.hid) {
+        PyErr_SetString(PyExc_ValueError, "rnn_steps: invalid sizes (seq >= 0, batch >= 1, dirs 1 or 2, hid >= 1)");
+        return NULL;
+    }
+    if (j.reversed < 0 || j.reversed >= (1 << j.dirs)) {
+        PyErr_Format(PyExc_ValueError, "rnn_steps: reversed %d names a direction past %zd", j.reversed, j.dirs);
+        return NULL;
+    }
+    if (j.lbr && j.kind != GRU_KIND) {
+        PyErr_SetString(PyExc_ValueError, "rnn_steps: lbr (linear_before_reset) is GRU's");
+        return NULL;
+    }
+    if ((rbho != Py_None) != (j.kind == GRU_KIND && j.lbr)) {
+        PyErr_SetString(PyExc_ValueError, "rnn_steps: rbh is given for GRU with lbr, and only then");
+        return NULL;
+    }
+    if (peepo != Py_None && j.kind != LSTM_KIND) {
+        PyErr_SetString(PyExc_ValueError, "rnn_steps: peep is LSTM's");
+        return NULL;
+    }
+    if ((co != Py_None) != (j.kind == LSTM_KIND)) {
+        PyErr_SetString(PyExc_ValueError, "rnn_steps: c is given for LSTM, and only then");
+        return NULL;
+    }
+    PyObject *rs = PySequence_Fast(ro, "rnn_steps: r must be a sequence of arrays, one per direction");
+    if (!rs)
+        return NULL;
+    if (PySequence_Fast_GET_SIZE(rs) != j.dirs) {
+        PyErr_Format(PyExc_ValueError, "rnn_steps: r holds %zd arrays for %zd directions",
+                     PySequence_Fast_GET_SIZE(rs), j.dirs);
+        Py_DECREF(rs);
+        return NULL;
+    }
+    const Py_ssize_t itemsize = nb_float_size(xwo, "rnn_steps: xw");
+    if (itemsize < 0) {
+        Py_DECREF(rs);
+        return NULL;
+    }
+    const Py_ssize_t H = j.hid, GH = j.gates * H, state = j.dirs * j.batch * H;
+    nbuf xw, r[2], rbh, peep, h, c, lens, y;
+    xw.held = r[0].held = r[1].held = rbh.held = peep.held = h.held = c.held = lens.held = y.held = 0;
+    void *work = NULL;
+    if (nb_get(xwo, &xw, 'f', itemsize, j.seq * j.batch * j.dirs * GH, 0, 0, "rnn_steps: xw") < 0)
+        goto done;
+    for (Py_ssize_t d = 0; d < j.dirs; d++)
+        if (nb_get(PySequence_Fast_GET_ITEM(rs, d), &r[d], 'f', itemsize, H * GH, 0, 0, "rnn_steps: r") < 0)
+            goto done;
+    if (nb_get(rbho, &rbh, 'f', itemsize, j.dirs * H, 0, 1, "rnn_steps: rbh") < 0 ||
+        nb_get(peepo, &peep, 'f', itemsize, j.dirs * 3 * H, 0, 1, "rnn_steps: peep") < 0 ||
+        nb_get(ho, &h, 'f', itemsize, state, 1, 0, "rnn_steps: h") < 0 ||
+        nb_get(co, &c, 'f', itemsize, state, 1, 1, "rnn_steps: c") < 0 ||
+        nb_get(lenso, &lens, 'i', 8, j.batch, 0, 1, "rnn_steps: lens") < 0 ||
+        nb_get(yo, &y, 'f', itemsize, j.seq * state, 1, 0, "rnn_steps: y") < 0)
+        goto done;
+    j.lens = lens.held ? lens.view.buf : NULL;
+    for (Py_ssize_t i = 0; j.lens && i < j.batch; i++)
+        if (j.lens[i] < 0 || j.lens[i] > j.seq) {
+            PyErr_Format(PyExc_ValueError, "rnn_steps: lens[%zd] = %lld lies outside [0, %zd]", i,
+                         (long long)j.lens[i], j.seq);
+            goto done;
+        }
+    /* the double-buffered state, and GRU's z and r * h where its step has two phases */
+    const int two = j.kind == GRU_KIND && !j.lbr;
+    work = malloc((size_t)((2 + 2 * two) * state) * (size_t)itemsize);
+    if (!work) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    memcpy(work, h.view.buf, (size_t)(state * itemsize));
+    j.hbuf = work;
+    j.z = two ? (char *)work + 2 * state * itemsize : NULL;
+    j.rh = two ? (char *)work + 3 * state * itemsize : NULL;
+    j.xw = xw.view.buf;
+    for (Py_ssize_t d = 0; d < j.dirs; d++)
+        j.r[d] = r[d].view.buf;
+    j.rbh = rbh.held ? rbh.view.buf : NULL;
+    j.peep = peep.held ? peep.view.buf : NULL;
+    j.c = c.held ? c.view.buf : NULL;
+    j.y = y.view.buf;
+    {
+        const int level = rnn_level();
+        j.numpy_math = level >= 3;
+        if (itemsize == 4)
+            j.product_f32 = level == 4 ? rnn_product_f32_64 : level == 3 ? rnn_product_f32_32 : rnn_product_f32_16;
+        else
+            j.product_f64 = level == 4 ? rnn_product_f64_64 : level == 3 ? rnn_product_f64_32 : rnn_product_f64_16;
+    }
+    j.parts = rnn_parts(&j, threads);
+    for (Py_ssize_t p = 0; p < j.parts; p++)
+        j.bounds[p] = (H * p / j.parts) / 16 * 16;
+    j.bounds[j.parts] = H;
+    Py_BEGIN_ALLOW_THREADS
+    if (j.parts == 1) {
+        pool_run(rnn_direction_task, &j, j.dirs, threads);
+    } else {
+        for (Py_ssize_t t = 0; t < j.seq; t++)
+            for (int phase = 0; phase <= two; phase++) {
+                j.t = t;
+                j.phase = phase;
+                pool_run(rnn_part_task, &j, j.dirs * j.parts, threads);
+            }
+    }
+    Py_END_ALLOW_THREADS
+    if (j.failed)
+        PyErr_NoMemory();
+    else
+        memcpy(h.view.buf, (char *)work + (j.seq & 1) * state * itemsize, (size_t)(state * itemsize));
+done:
+    free(work);
+    Py_DECREF(rs);
+    nb_release(&xw);
+    nb_release(&r[0]);
+    nb_release(&r[1]);
+    nb_release(&rbh);
+    nb_release(&peep);
+    nb_release(&h);
+    nb_release(&c);
+    nb_release(&lens);
+    nb_release(&y);
+    if (PyErr_Occurred())
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+PyMethodDef rnn_methods[] = {
+    {"rnn_steps", rnn_steps, METH_VARARGS, rnn_steps_doc},
+    {NULL, NULL, 0, NULL},
+};
