@@ -22,12 +22,16 @@
  * units split into parts (every part its columns of every gate), which need the
  * whole state of the step before: a step is then one job of the pool (two for GRU
  * without ``linear_before_reset``, whose candidate's product reads ``r * h`` of every
- * unit), and the state is double-buffered. With one part per direction, each
- * direction runs all its steps as one task. */
+ * unit), and the state is double-buffered; where those jobs stall (the other core
+ * taken by another process), the steps go on on the calling thread alone (see
+ * rnn_split_steps). With one part per direction, each direction runs all its steps
+ * as one task. */
 #include "native.h"
 
 #include <math.h>
+#include <stdatomic.h>
 #include <stdlib.h>
+#include <time.h>
 
 enum { RNN_KIND = 0, GRU_KIND = 1, LSTM_KIND = 2 };
 
@@ -396,6 +400,77 @@ static Py_ssize_t rnn_parts(const rnn_job *j, int threads)
     return parts;
 }
 
+/* ---- the steps of a split direction, and the cores taken away ------------------ */
+
+/* Calls whose parts run on the calling thread alone before the split is tried
+ * again, and the length of the last such pause (0: the last try went through). */
+static _Atomic int rnn_pause_left, rnn_pause;
+
+#define RNN_STALL_US 40.0 /* a job late by this much more than 4x the step's best */
+#define RNN_STALLS 2      /* stalls in a call that end its split */
+#define RNN_PAUSE_MIN 8
+#define RNN_PAUSE_MAX 512
+
+static double rnn_now_us(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec * 1e6 + (double)t.tv_nsec * 1e-3;
+}
+
+/* Every step as jobs of the pool, the parts shared among ``threads`` threads. A job
+ * waits for its slowest part, so a worker the OS takes off its core delays every
+ * step: with another process busy on the other core of this 2-core machine (and
+ * onnxruntime's runs alternating), a batch-1 GRU of hidden size 256 took 3.9-5.1 ms
+ * a run against 1.8-1.9 on one thread, its steps 80-250 us now and then (a dozen
+ * or more a call) where 5 is usual. Steps are alike, so a job that takes
+ * RNN_STALL_US more than four times the fastest of the call (or than a step's
+ * estimate on one thread, before one is fast; the first job, which wakes the worker,
+ * aside) is a stall; after RNN_STALLS the call's remaining steps run on the calling
+ * thread alone (the same values: a part's do not depend on which thread computes
+ * it), and so do the next calls' (RNN_PAUSE_MIN of them, twice as many after each
+ * try that stalls again, up to RNN_PAUSE_MAX). So loaded, the GRU then took 2.0-2.1
+ * ms (one thread 1.9-2.3) and the LSTM 2.2-2.7 (one thread 3.1-3.5); on a quiet
+ * machine about one step in 500 past the first takes more than 45 us, and two in a
+ * call are rare. */
+static void rnn_split_steps(rnn_job *j, int threads)
+{
+    const int two = j->kind == GRU_KIND && !j->lbr;
+    const Py_ssize_t jobs = j->dirs * j->parts;
+    if (atomic_load_explicit(&rnn_pause_left, memory_order_relaxed) > 0) {
+        atomic_fetch_sub_explicit(&rnn_pause_left, 1, memory_order_relaxed);
+        threads = 1;
+    }
+    /* a step's time on one thread at 10 multiply-adds a nanosecond (20-40 measured),
+     * until the call's own steps tell */
+    double best = (double)j->batch * (double)j->gates * (double)j->hid * (double)j->hid / (two ? 2.0 : 1.0) / 1e4;
+    int stalls = 0;
+    for (Py_ssize_t t = 0; t < j->seq; t++)
+        for (int phase = 0; phase <= two; phase++) {
+            j->t = t;
+            j->phase = phase;
+            if (threads == 1) {
+                pool_run(rnn_part_task, j, jobs, 1);
+                continue;
+            }
+            const double t0 = rnn_now_us();
+            pool_run(rnn_part_task, j, jobs, threads);
+            const double dt = rnn_now_us() - t0;
+            if (t == 0)
+                continue;
+            if (dt > 4.0 * best + RNN_STALL_US && ++stalls == RNN_STALLS) {
+                int pause = atomic_load_explicit(&rnn_pause, memory_order_relaxed) * 2;
+                pause = pause < RNN_PAUSE_MIN ? RNN_PAUSE_MIN : pause > RNN_PAUSE_MAX ? RNN_PAUSE_MAX : pause;
+                atomic_store_explicit(&rnn_pause, pause, memory_order_relaxed);
+                atomic_store_explicit(&rnn_pause_left, pause, memory_order_relaxed);
+                threads = 1;
+            }
+            best = dt < best ? dt : best;
+        }
+    if (threads > 1 && j->seq > 8)
+        atomic_store_explicit(&rnn_pause, 0, memory_order_relaxed);
+}
+
 PyDoc_STRVAR(rnn_steps_doc,
 "rnn_steps(kind, lbr, xw, r, rbh, peep, h, c, lens, reversed, y, (seq, batch, dirs, hid),\n"
 "          threads)\n\n"
@@ -519,16 +594,10 @@ static PyObject *rnn_steps(PyObject *self, PyObject *args)
         j.bounds[p] = (H * p / j.parts) / 16 * 16;
     j.bounds[j.parts] = H;
     Py_BEGIN_ALLOW_THREADS
-    if (j.parts == 1) {
+    if (j.parts == 1)
         pool_run(rnn_direction_task, &j, j.dirs, threads);
-    } else {
-        for (Py_ssize_t t = 0; t < j.seq; t++)
-            for (int phase = 0; phase <= two; phase++) {
-                j.t = t;
-                j.phase = phase;
-                pool_run(rnn_part_task, &j, j.dirs * j.parts, threads);
-            }
-    }
+    else
+        rnn_split_steps(&j, threads);
     Py_END_ALLOW_THREADS
     if (j.failed)
         PyErr_NoMemory();
