@@ -43,11 +43,11 @@ NATIVE_CLONES static void direct_block(const direct_job *job, Py_ssize_t m0, Py_
     const Py_ssize_t taps = g->kh * g->kw, nph = g->sh * g->sw, k = g->c * taps;
     const float *w0 = job->w + m0 * k, *w1 = w0 + k, *w2 = w1 + k, *w3 = w2 + k;
     for (Py_ssize_t p = p0; p < p1; p += DBLOCK) {
+        const dvec zero = {0};
         dvec a[4][4];
         for (int j = 0; j < 4; j++)
             for (int v = 0; v < 4; v++)
-                for (int e = 0; e < DLANES; e++)
-                    a[j][v][e] = 0.0f;
+                a[j][v] = zero;
         for (Py_ssize_t c = 0; c < g->c; c++) {
             const float *base = job->phases + c * nph * job->l.plane + p;
             for (Py_ssize_t t = 0; t < taps; t++) {

@@ -53,7 +53,9 @@ static inline void add_row_f32(const float *restrict x, const float *restrict b,
         y[i] = x[i] + b[i];
 }
 
-NATIVE_CLONES static void unary_f32(const float *restrict x, float *restrict y, Py_ssize_t n, int op, float alpha,
+/* y may be x (BiasGelu maps its biased rows in place): no restrict here, so the
+ * compiler checks the overlap instead of assuming none. */
+NATIVE_CLONES static void unary_f32(const float *x, float *y, Py_ssize_t n, int op, float alpha,
                                     float beta)
 {
     switch (op) {
