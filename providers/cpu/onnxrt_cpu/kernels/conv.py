@@ -247,9 +247,13 @@ class _ConvWeights:
         if self._winograd is None:
             m, c = self.shape[:2]
             g = np.array([[1.0, 0.0, 0.0], [0.5, 0.5, 0.5], [0.5, -0.5, 0.5], [0.0, 0.0, 1.0]])
-            w = self.gemm.reshape(m, c, 3, 3).astype(np.float64)
-            u = np.einsum("ik,mckl,jl->ijmc", g, w, g).reshape(16, m, c)
-            self._winograd = np.ascontiguousarray(u.astype(np.float32))
+            # G w G^T for every (m, c) at once: one product of G (x) G with the [MC, 9]
+            # weights (an einsum over the five indices took 0.3 s for ResNet-18's)
+            kron = np.einsum("ik,jl->ijkl", g, g).reshape(16, 9)
+            # [16, 9] x [9, MC]: the transposed weight is read as it lies, and the
+            # product comes out in the kernel's [16, M, C] order (no transposing copy)
+            u = kron @ self.gemm.reshape(m * c, 9).astype(np.float64).T
+            self._winograd = u.astype(np.float32).reshape(16, m, c)
         return self._winograd
 
     def depthwise_last(self) -> np.ndarray:
