@@ -128,6 +128,13 @@ GEOMETRIES = [
     ((1, 37, 7, 9), (37, 1, 5, 5), {"group": 37, "pads": (2, 2, 2, 2)}),
     ((1, 20, 16, 16), (20, 1, 3, 3), {"group": 20, "strides": (2, 2), "dilations": (2, 2), "pads": (2, 0, 1, 2)}),
     ((1, 18, 30, 31), (18, 1, 7, 3), {"group": 18, "strides": (3, 1), "pads": (3, 1, 3, 1)}),
+    # the direct kernel (short reductions, maps of 400 outputs and more): strides,
+    # dilations, asymmetric pads, a few output channels or many inputs, 1-D
+    ((1, 3, 64, 64), (8, 3, 5, 5), {"strides": (2, 2), "pads": (2, 2, 2, 2)}),
+    ((1, 8, 40, 37), (16, 8, 3, 3), {"pads": (1, 0, 2, 1)}),
+    ((2, 6, 50, 45), (10, 6, 3, 3), {"strides": (2, 1), "dilations": (1, 2), "pads": (0, 2, 1, 2)}),
+    ((1, 24, 24, 24), (40, 24, 3, 3), {"pads": (1, 1, 1, 1)}),
+    ((2, 8, 500), (12, 8, 3), {"pads": (1, 1)}),
     # reductions past the direct kernel's: im2col, strided and dilated
     ((1, 48, 20, 20), (40, 48, 3, 3), {"strides": (2, 2), "pads": (1, 1, 1, 1)}),
     ((1, 40, 18, 18), (24, 40, 3, 3), {"dilations": (2, 2), "pads": (2, 2, 2, 2)}),
@@ -158,10 +165,24 @@ def _expected_kernel(x_shape, w_shape, attrs) -> str:
     if kernel == (3, 3) and group == 1 and "strides" not in attrs and "dilations" not in attrs \
             and m * c >= 64 * 64 and min(x_shape[2] + pads[0] + pads[2], x_shape[3] + pads[1] + pads[3]) - 2 >= 12:
         return "winograd3x3"
-    taps = int(np.prod(kernel))
-    if group == 1 and taps > 1 and c * taps <= 300 and (m <= 16 or c >= 8):
-        return "direct2d"
-    return "conv2d"
+    return "direct2d" if _takes_direct(x_shape, w_shape, attrs) else "conv2d"
+
+
+def _out_positions(x_shape, w_shape, attrs) -> int:
+    nd = len(x_shape) - 2
+    pads = attrs.get("pads", (0,) * 2 * nd)
+    strides = attrs.get("strides", (1,) * nd)
+    dil = attrs.get("dilations", (1,) * nd)
+    return int(np.prod([(x_shape[2 + a] + pads[a] + pads[a + nd] - dil[a] * (w_shape[2 + a] - 1) - 1) // strides[a] + 1
+                        for a in range(nd)]))
+
+
+def _takes_direct(x_shape, w_shape, attrs) -> bool:
+    """Whether a convolution (float or QLinearConv) goes to the direct kernel."""
+    m, c = w_shape[:2]
+    taps = int(np.prod(w_shape[2:]))
+    return attrs.get("group", 1) == 1 and taps > 1 and c * taps <= 300 and (m <= 16 or c >= 8) \
+        and _out_positions(x_shape, w_shape, attrs) >= 400
 
 
 class _Counting:
@@ -213,8 +234,8 @@ VARIANTS = [
 
 @needs_native
 @pytest.mark.parametrize("bias, act, residual", VARIANTS)
-@pytest.mark.parametrize("geometry", [GEOMETRIES[0], GEOMETRIES[4], GEOMETRIES[9], GEOMETRIES[13], GEOMETRIES[15],
-                                      GEOMETRIES[22], GEOMETRIES[19]],
+@pytest.mark.parametrize("geometry", [GEOMETRIES[0], GEOMETRIES[20], GEOMETRIES[9], GEOMETRIES[13], GEOMETRIES[15],
+                                      GEOMETRIES[27], GEOMETRIES[4]],
                          ids=["1x1", "direct", "rows", "depthwise", "depthwise-last", "winograd", "im2col"])
 def test_bias_residual_and_activations_match_onnxruntime(geometry, bias, act, residual):
     x_shape, w_shape, attrs = geometry
@@ -667,7 +688,10 @@ def _qconv_model(x_shape, w, *, x_type, y_type, w_scale, bias, xz, yz, **attrs):
 # (input shape, weight shape, attributes, input type, output type, per-channel scales, bias)
 QCONVS = [
     ((8, 3, 32, 32), (16, 3, 7, 7), {"strides": [2, 2], "pads": [3, 3, 3, 3]}, np.uint8, np.uint8, False, True),
+    ((2, 3, 64, 64), (16, 3, 7, 7), {"strides": [2, 2], "pads": [3, 3, 3, 3]}, np.uint8, np.uint8, True, True),
     ((2, 16, 14, 14), (32, 16, 3, 3), {"pads": [1, 1, 1, 1]}, np.int8, np.int8, True, True),
+    ((2, 16, 24, 24), (32, 16, 3, 3), {"pads": [1, 1, 1, 1]}, np.int8, np.uint8, False, True),
+    ((3, 8, 800), (10, 8, 5), {"pads": [2, 2], "strides": [2]}, np.int8, np.int8, True, False),
     ((1, 24, 9, 9), (40, 24, 1, 1), {}, np.uint8, np.int8, True, False),
     ((1, 64, 7, 7), (96, 64, 3, 3), {"pads": [1, 1, 1, 1]}, np.uint8, np.uint8, False, True),  # rows mode
     ((2, 12, 10, 11), (12, 3, 3, 3), {"group": 4, "pads": [0, 1, 2, 1], "dilations": [2, 1]}, np.int8, np.uint8,
@@ -699,7 +723,8 @@ def test_qlinear_conv_matches_onnxruntime_and_the_numpy_path_exactly(case, threa
     counting = _Counting(native.K)
     monkeypatch.setattr(native, "K", counting)
     got = _run(model, {"x": x}, threads, ort.GraphOptimizationLevel.ORT_DISABLE_ALL)
-    assert counting.calls == {"qconv2d": 1} and got.dtype == y_type
+    assert counting.calls == {"qdirect2d" if _takes_direct(x_shape, w_shape, attrs) else "qconv2d": 1} \
+        and got.dtype == y_type
     if x_type == y_type:  # onnxruntime implements no mixed 8-bit types here
         want = rt.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
         np.testing.assert_array_equal(got, want)

@@ -1046,7 +1046,7 @@ def _conv_native(x, wp, strides, dilations, pb, pe, out_sp, y, pad_value, bias, 
         native.K.winograd3x3(x4, wp.winograd(), bias, residual, y, (n, c, h, w_, m, pt, pl, oh, ow), kind, lo, hi,
                              parallel.thread_count())
         return True
-    if _direct_pays(x4, wp, (kh, kw)):
+    if _direct_pays(x4, wp, (kh, kw), (oh, ow)):
         try:
             native.K.direct2d(x4, wp.gemm, bias, residual, y, (n, c, h, w_, m, kh, kw, sh, sw, dh, dw, pt, pl, oh, ow),
                               kind, lo, hi, parallel.thread_count())
@@ -1077,17 +1077,24 @@ _WINOGRAD_MIN_CHANNELS = 64 * 64
 _DIRECT_MAX_K = 300
 
 
-def _direct_pays(x4, wp, kernel) -> bool:
+#: Fewest output positions of a map the direct kernel takes: it runs every image as
+#: two pool jobs, which on small maps cost more than the work (QDQ ResNet-style
+#: model, batch 8, a 3x3/2 layer of 32 -> 64 channels to 4 x 4: 103 -> 510 us).
+_DIRECT_MIN_POSITIONS = 400
+
+
+def _direct_pays(x4, wp, kernel, out_sp) -> bool:
     """Whether the compiled direct kernel takes this layer: float32, group 1, not 1x1,
-    a reduction of at most 300 (input channels times taps), and at most 16 output
-    channels or at least 8 input channels. There im2col's product is short and
+    a reduction of at most 300 (input channels times taps), at most 16 output
+    channels or at least 8 input channels, and maps of at least 400 outputs. There im2col's product is short and
     narrow and runs far below BLAS's peak; the direct kernel keeps four output channels
     by 64 positions in registers. One thread: the YOLO-style detector's stem (8 x 3,
     3x3/2 at 320 x 320) 345 -> 239 us, 8 x 8 3x3 at 80 x 80 235 -> 122, 32 x 32 3x3 at
     40 x 40 462 -> 334; but 32 x 3 3x3/2 at 224 x 224 490 -> 562 (left to im2col)."""
     m, c = wp.shape[:2]
     return (x4.dtype == np.float32 and wp.group == 1 and kernel != (1, 1)
-            and c * kernel[0] * kernel[1] <= _DIRECT_MAX_K and (m <= 16 or c >= 8))
+            and c * kernel[0] * kernel[1] <= _DIRECT_MAX_K and (m <= 16 or c >= 8)
+            and out_sp[0] * out_sp[1] >= _DIRECT_MIN_POSITIONS)
 
 
 def _winograd_pays(x4, wp, kernel, strides, dilations, out_sp) -> bool:
@@ -1859,9 +1866,17 @@ class QLinearConv(_IntConvBase):
             x4 = np.ascontiguousarray(x)
             geometry = (*kernel, *strides, *dil, pb[0], pb[1], *out_sp)
         n, c, h, wd = x4.shape
+        y_zp = 0 if yzp is None else int(yzp.reshape(()))
         try:
-            native.K.qconv2d(x4, wp32.gemm, bias, mult, y, (n, c, h, wd, m, self.group, *geometry), zp,
-                             0 if yzp is None else int(yzp.reshape(())), parallel.thread_count())
+            if _direct_pays(np.empty(0, np.float32), wp32, tuple(geometry[:2]), tuple(geometry[-2:])):
+                # few output channels or a short reduction: the direct kernel (the
+                # QDQ ResNet-style model's 7x7 stem of 16 channels, batch 8: 935 ->
+                # 400 us on two threads)
+                native.K.qdirect2d(x4, wp32.gemm, bias, mult, y, (n, c, h, wd, m, *geometry), zp, y_zp,
+                                   parallel.thread_count())
+            else:
+                native.K.qconv2d(x4, wp32.gemm, bias, mult, y, (n, c, h, wd, m, self.group, *geometry), zp, y_zp,
+                                 parallel.thread_count())
         except MemoryError:
             return None  # a huge kernel: the numpy path gathers in bounded bands
         return y

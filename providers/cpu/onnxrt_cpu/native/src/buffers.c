@@ -67,3 +67,21 @@ Py_ssize_t nb_float_size(PyObject *obj, const char *what)
     }
     return size;
 }
+
+int nb_int8_kind(PyObject *obj, int *is_signed, const char *what)
+{
+    Py_buffer probe;
+    if (PyObject_GetBuffer(obj, &probe, PyBUF_FORMAT) < 0) {
+        PyErr_Format(PyExc_TypeError, "%s must be an array", what);
+        return -1;
+    }
+    const char *fmt = probe.format ? probe.format : "B";
+    char code = fmt[strlen(fmt) - 1];
+    PyBuffer_Release(&probe);
+    if (code != 'b' && code != 'B') {
+        PyErr_Format(PyExc_TypeError, "%s must be int8 or uint8, not format '%s'", what, fmt);
+        return -1;
+    }
+    *is_signed = code == 'b';
+    return 0;
+}

@@ -75,29 +75,7 @@ typedef struct {
 #define IM_LOAD(v) ((float)(v) - zp)
 #include "im2col.h"
 
-/* One row of QLinearConv's exact accumulator requantized as onnxruntime does (and
- * the numpy path): (acc + bias) times the scale ratio in float32, rounded half to
- * even, shifted by the output zero point, saturated to the output type. */
-NATIVE_CLONES static void requantize_row(const float *restrict acc, Py_ssize_t n, float bias, float mult,
-                                         const conv_job *job, void *dst)
-{
-    const float zp = (float)job->yzp, lo = job->y_signed ? -128.0f : 0.0f, hi = job->y_signed ? 127.0f : 255.0f;
-    if (job->y_signed) {
-        int8_t *restrict d = dst;
-        for (Py_ssize_t i = 0; i < n; i++) {
-            float v = rintf((acc[i] + bias) * mult) + zp;
-            v = v < lo ? lo : v;
-            d[i] = (int8_t)(v > hi ? hi : v);
-        }
-    } else {
-        uint8_t *restrict d = dst;
-        for (Py_ssize_t i = 0; i < n; i++) {
-            float v = rintf((acc[i] + bias) * mult) + zp;
-            v = v < lo ? lo : v;
-            d[i] = (uint8_t)(v > hi ? hi : v);
-        }
-    }
-}
+#include "requant.h"
 
 #define T float
 #define SFX(name) name##_f32
@@ -304,25 +282,8 @@ static PyObject *qconv2d(PyObject *self, PyObject *args)
     job.quant = 1;
     job.xzp = xzp;
     job.yzp = yzp;
-    Py_buffer probe;
-    for (int which = 0; which < 2; which++) {
-        PyObject *o = which ? yo : xo;
-        if (PyObject_GetBuffer(o, &probe, PyBUF_FORMAT) < 0) {
-            PyErr_Format(PyExc_TypeError, "qconv2d: %s must be an array", which ? "y" : "x");
-            return NULL;
-        }
-        const char *fmt = probe.format ? probe.format : "B";
-        char code = fmt[strlen(fmt) - 1];
-        PyBuffer_Release(&probe);
-        if (code != 'b' && code != 'B') {
-            PyErr_Format(PyExc_TypeError, "qconv2d: %s must be int8 or uint8, not format '%s'", which ? "y" : "x", fmt);
-            return NULL;
-        }
-        if (which)
-            job.y_signed = code == 'b';
-        else
-            job.x_signed = code == 'b';
-    }
+    if (nb_int8_kind(xo, &job.x_signed, "qconv2d: x") < 0 || nb_int8_kind(yo, &job.y_signed, "qconv2d: y") < 0)
+        return NULL;
     if (nb_get(xo, &x, job.x_signed ? 'i' : 'u', 1, g.n * g.c * g.h * g.w, 0, 0, "qconv2d: x") < 0 ||
         nb_get(wo, &w, 'f', 4, g.m * K, 0, 0, "qconv2d: w") < 0 ||
         nb_get(bo, &b, 'f', 4, g.m, 0, 1, "qconv2d: b") < 0 ||

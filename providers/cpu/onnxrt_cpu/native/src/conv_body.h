@@ -44,7 +44,7 @@ static int SFX(conv_tile)(const conv_job *job, Py_ssize_t i, Py_ssize_t gi, Py_s
         const float *bias = job->b;
         for (Py_ssize_t r = 0; r < r1 - r0; r++)
             requantize_row(tile + r * len, len, bias ? bias[ch0 + r] : 0.0f, job->mult[job->mult_n > 1 ? ch0 + r : 0],
-                           job, (char *)job->y + (i * g->m + ch0 + r) * L + p0);
+                           (float)job->yzp, job->y_signed, (char *)job->y + (i * g->m + ch0 + r) * L + p0);
         return 0;
     }
 #endif

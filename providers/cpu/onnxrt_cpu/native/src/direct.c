@@ -17,6 +17,7 @@
 #include "phases.h"
 #undef T
 #undef SFX
+#include "requant.h"
 
 typedef float dvec __attribute__((vector_size(64), aligned(4)));
 #define DLANES 16
@@ -25,13 +26,21 @@ typedef float dvec __attribute__((vector_size(64), aligned(4)));
 typedef struct {
     const window_geometry *g;
     Py_ssize_t m, mpad;
-    const float *x, *w, *b, *z; /* w: [mpad, C * taps], rows past m zero */
-    float *y, *phases;          /* phases: every input channel's, of the current image */
+    const void *x;              /* float32, or 8-bit for QLinearConv */
+    const float *w, *b, *z;     /* w: [mpad, C * taps], rows past m zero */
+    void *y;                    /* float32, or 8-bit for QLinearConv */
+    float *phases;              /* every input channel's, of the current image */
     const Py_ssize_t *offs;
     phase_layout l;
     Py_ssize_t image, rows, cblock;
     int act, failed;
     float lo, hi;
+    /* QLinearConv: x and y 8-bit, x centred on xzp as it is written into the phases
+     * (exact in float32, as the caller checked), rows requantized with mult */
+    int quant, x_signed, y_signed;
+    float xzp, yzp;
+    const float *mult;
+    Py_ssize_t mult_n;
 } direct_job;
 
 /* Output channels m0 .. m0 + 3, positions p0 <= p < p1 on the pitch (p1 - p0 a
@@ -75,9 +84,28 @@ static void direct_fill_task(void *arg, Py_ssize_t t)
     const window_geometry *g = job->g;
     Py_ssize_t c0 = t * job->cblock, c1 = c0 + job->cblock < g->c ? c0 + job->cblock : g->c;
     const Py_ssize_t nph = g->sh * g->sw;
-    for (Py_ssize_t c = c0; c < c1; c++)
-        phase_fill_f32(g, &job->l, job->x + (job->image * g->c + c) * g->h * g->w,
-                       job->phases + c * nph * job->l.plane);
+    for (Py_ssize_t c = c0; c < c1; c++) {
+        float *ph = job->phases + c * nph * job->l.plane;
+        if (!job->quant) {
+            phase_fill_f32(g, &job->l, (const float *)job->x + (job->image * g->c + c) * g->h * g->w, ph);
+            continue;
+        }
+        /* the 8-bit plane centred on its zero point into the phases: its padding,
+         * the zero point itself, is then 0 as the zeroed phases hold it */
+        const size_t at = (size_t)((job->image * g->c + c) * g->h * g->w);
+        for (Py_ssize_t r = 0; r < job->l.hn; r++) {
+            Py_ssize_t iy = r - g->pt;
+            if (iy < 0 || iy >= g->h)
+                continue;
+            float *base = ph + (r % g->sh) * g->sw * job->l.plane + (r / g->sh) * job->l.pq;
+            for (Py_ssize_t col = g->pl; col < g->pl + g->w && col < job->l.wn; col++) {
+                Py_ssize_t ix = col - g->pl;
+                float v = job->x_signed ? (float)((const int8_t *)job->x)[at + iy * g->w + ix]
+                                        : (float)((const uint8_t *)job->x)[at + iy * g->w + ix];
+                base[(col % g->sw) * job->l.plane + col / g->sw] = v - job->xzp;
+            }
+        }
+    }
 }
 
 /* A band of output rows of the current image, every output channel. */
@@ -101,11 +129,85 @@ static void direct_rows_task(void *arg, Py_ssize_t t)
             float bias = job->b ? job->b[oc] : 0.0f;
             for (Py_ssize_t r = r0; r < r1; r++) {
                 Py_ssize_t at = (job->image * job->m + oc) * plane_out + r * g->ow;
-                finish_row_f32(job->y + at, out + j * ld + (r - r0) * job->l.pq, g->ow, bias,
-                               job->z ? job->z + at : NULL, job->act, job->lo, job->hi);
+                const float *row = out + j * ld + (r - r0) * job->l.pq;
+                if (job->quant)
+                    requantize_row(row, g->ow, bias, job->mult[job->mult_n > 1 ? oc : 0], job->yzp, job->y_signed,
+                                   (char *)job->y + at);
+                else
+                    finish_row_f32((float *)job->y + at, row, g->ow, bias, job->z ? job->z + at : NULL, job->act,
+                                   job->lo, job->hi);
             }
         }
     }
+}
+
+/* Plan and run ``job`` (geometry, buffers, weights set; ``wsrc`` the [m, C * taps]
+ * weight) without the GIL: -1 with an exception where memory runs out or the input's
+ * phases would pass the limit (the caller falls back to im2col, in bounded tiles). */
+static int direct_execute(direct_job *job, const float *wsrc, int threads)
+{
+    const window_geometry *g = job->g;
+    const Py_ssize_t taps = g->kh * g->kw, k = g->c * taps, nph = g->sh * g->sw;
+    phase_layout_of(g, &job->l);
+    double need = (double)g->c * (double)nph * (double)job->l.plane * 4.0;
+    if (need > 256.0 * 1024 * 1024) {
+        PyErr_Format(PyExc_MemoryError, "direct2d: %.0f bytes of input phases exceed the limit", need);
+        return -1;
+    }
+    job->mpad = (job->m + 3) / 4 * 4;
+    float *wpad = calloc((size_t)(job->mpad * k), sizeof(float));
+    float *phases = malloc((size_t)(g->c * nph * job->l.plane + DBLOCK) * sizeof(float));
+    Py_ssize_t *offs = malloc((size_t)taps * sizeof(Py_ssize_t));
+    if (!wpad || !phases || !offs) {
+        free(wpad);
+        free(phases);
+        free(offs);
+        PyErr_NoMemory();
+        return -1;
+    }
+    memcpy(wpad, wsrc, (size_t)(job->m * k) * sizeof(float));
+    for (Py_ssize_t ky = 0; ky < g->kh; ky++)
+        for (Py_ssize_t kx = 0; kx < g->kw; kx++)
+            offs[ky * g->kw + kx] = phase_offset(g, &job->l, ky, kx);
+    job->w = wpad;
+    job->phases = phases;
+    job->offs = offs;
+    /* bands of about 2048 positions, at least two a thread where the map allows */
+    job->rows = 2048 / job->l.pq;
+    if (job->rows < 1)
+        job->rows = 1;
+    if (threads > 1 && (g->oh + job->rows - 1) / job->rows < 2 * threads) {
+        job->rows = (g->oh + 2 * threads - 1) / (2 * threads);
+        if (job->rows < 1)
+            job->rows = 1;
+    }
+    job->cblock = (g->c + 2 * threads - 1) / (2 * threads);
+    Py_BEGIN_ALLOW_THREADS
+    /* the padding, once: every plane writes the same inner parts of its phases */
+    memset(phases, 0, (size_t)(g->c * nph * job->l.plane + DBLOCK) * sizeof(float));
+    for (job->image = 0; job->image < g->n && !job->failed; job->image++) {
+        pool_run(direct_fill_task, job, (g->c + job->cblock - 1) / job->cblock, threads);
+        pool_run(direct_rows_task, job, (g->oh + job->rows - 1) / job->rows, threads);
+    }
+    Py_END_ALLOW_THREADS
+    free(wpad);
+    free(phases);
+    free(offs);
+    if (job->failed) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    return 0;
+}
+
+static int direct_geometry_ok(const window_geometry *g, Py_ssize_t m, const char *who)
+{
+    if (g->n < 0 || g->c < 1 || g->h < 1 || g->w < 1 || m < 1 || g->kh < 1 || g->kw < 1 || g->sh < 1 ||
+        g->sw < 1 || g->dh < 1 || g->dw < 1 || g->pt < 0 || g->pl < 0 || g->oh < 1 || g->ow < 1) {
+        PyErr_Format(PyExc_ValueError, "%s: invalid geometry", who);
+        return 0;
+    }
+    return 1;
 }
 
 PyDoc_STRVAR(direct2d_doc,
@@ -127,79 +229,34 @@ static PyObject *direct2d(PyObject *self, PyObject *args)
                           &g.w, &m, &g.kh, &g.kw, &g.sh, &g.sw, &g.dh, &g.dw, &g.pt, &g.pl, &g.oh, &g.ow, &act, &lo,
                           &hi, &threads))
         return NULL;
-    if (g.n < 0 || g.c < 1 || g.h < 1 || g.w < 1 || m < 1 || g.kh < 1 || g.kw < 1 || g.sh < 1 || g.sw < 1 ||
-        g.dh < 1 || g.dw < 1 || g.pt < 0 || g.pl < 0 || g.oh < 1 || g.ow < 1 || act < ACT_NONE || act > ACT_CLIP) {
-        PyErr_SetString(PyExc_ValueError, "direct2d: invalid geometry or activation");
+    if (!direct_geometry_ok(&g, m, "direct2d"))
+        return NULL;
+    if (act < ACT_NONE || act > ACT_CLIP) {
+        PyErr_SetString(PyExc_ValueError, "direct2d: invalid activation");
         return NULL;
     }
-    const Py_ssize_t taps = g.kh * g.kw, k = g.c * taps, out = g.n * m * g.oh * g.ow;
+    const Py_ssize_t k = g.c * g.kh * g.kw, out = g.n * m * g.oh * g.ow;
     nbuf x, w, b, z, y;
     x.held = w.held = b.held = z.held = y.held = 0;
     direct_job job;
     memset(&job, 0, sizeof(job));
     job.g = &g;
     job.m = m;
-    job.mpad = (m + 3) / 4 * 4;
     job.act = act;
     job.lo = (float)lo;
     job.hi = (float)hi;
-    float *wpad = NULL, *phases = NULL;
-    Py_ssize_t *offs = NULL;
     if (nb_get(xo, &x, 'f', 4, g.n * g.c * g.h * g.w, 0, 0, "direct2d: x") < 0 ||
         nb_get(wo, &w, 'f', 4, m * k, 0, 0, "direct2d: w") < 0 ||
         nb_get(bo, &b, 'f', 4, m, 0, 1, "direct2d: b") < 0 ||
         nb_get(zo, &z, 'f', 4, out, 0, 1, "direct2d: z") < 0 ||
         nb_get(yo, &y, 'f', 4, out, 1, 0, "direct2d: y") < 0)
         goto done;
-    phase_layout_of(&g, &job.l);
-    const Py_ssize_t nph = g.sh * g.sw;
-    double need = (double)g.c * (double)nph * (double)job.l.plane * 4.0;
-    if (need > 256.0 * 1024 * 1024) {
-        PyErr_Format(PyExc_MemoryError, "direct2d: %.0f bytes of input phases exceed the limit", need);
-        goto done;
-    }
-    wpad = calloc((size_t)(job.mpad * k), sizeof(float));
-    phases = malloc((size_t)(g.c * nph * job.l.plane + DBLOCK) * sizeof(float));
-    offs = malloc((size_t)taps * sizeof(Py_ssize_t));
-    if (!wpad || !phases || !offs) {
-        PyErr_NoMemory();
-        goto done;
-    }
-    memcpy(wpad, w.view.buf, (size_t)(m * k) * sizeof(float));
-    for (Py_ssize_t ky = 0; ky < g.kh; ky++)
-        for (Py_ssize_t kx = 0; kx < g.kw; kx++)
-            offs[ky * g.kw + kx] = phase_offset(&g, &job.l, ky, kx);
     job.x = x.view.buf;
-    job.w = wpad;
     job.b = b.held ? b.view.buf : NULL;
     job.z = z.held ? z.view.buf : NULL;
     job.y = y.view.buf;
-    job.phases = phases;
-    job.offs = offs;
-    /* bands of about 2048 positions, at least two a thread where the map allows */
-    job.rows = 2048 / job.l.pq;
-    if (job.rows < 1)
-        job.rows = 1;
-    if (threads > 1 && (g.oh + job.rows - 1) / job.rows < 2 * threads) {
-        job.rows = (g.oh + 2 * threads - 1) / (2 * threads);
-        if (job.rows < 1)
-            job.rows = 1;
-    }
-    job.cblock = (g.c + 2 * threads - 1) / (2 * threads);
-    Py_BEGIN_ALLOW_THREADS
-    /* the padding, once: every plane writes the same inner parts of its phases */
-    memset(phases, 0, (size_t)(g.c * nph * job.l.plane + DBLOCK) * sizeof(float));
-    for (job.image = 0; job.image < g.n && !job.failed; job.image++) {
-        pool_run(direct_fill_task, &job, (g.c + job.cblock - 1) / job.cblock, threads);
-        pool_run(direct_rows_task, &job, (g.oh + job.rows - 1) / job.rows, threads);
-    }
-    Py_END_ALLOW_THREADS
-    if (job.failed)
-        PyErr_NoMemory();
+    direct_execute(&job, w.view.buf, threads);
 done:
-    free(wpad);
-    free(phases);
-    free(offs);
     nb_release(&x);
     nb_release(&w);
     nb_release(&b);
@@ -210,7 +267,66 @@ done:
     Py_RETURN_NONE;
 }
 
+PyDoc_STRVAR(qdirect2d_doc,
+"qdirect2d(x, w, b, mult, y, geometry, x_zero_point, y_zero_point, threads)\n\n"
+"QLinearConv by the direct kernel: the 8-bit x [N, C, H, W] centred on x_zero_point,\n"
+"the centred float32 weight w [M, C * kh * kw], the float32 bias b [M] or None, into\n"
+"the 8-bit y [N, M, OH, OW], requantized as qconv2d does (mult float32 [M] or [1]).\n"
+"The caller checks every partial sum stays below 2**24. geometry as direct2d's.");
+
+static PyObject *qdirect2d(PyObject *self, PyObject *args)
+{
+    PyObject *xo, *wo, *bo, *mo, *yo;
+    window_geometry g;
+    Py_ssize_t m;
+    int threads, xzp, yzp;
+    if (!PyArg_ParseTuple(args, "OOOOO(nnnnnnnnnnnnnnn)iii:qdirect2d", &xo, &wo, &bo, &mo, &yo, &g.n, &g.c, &g.h,
+                          &g.w, &m, &g.kh, &g.kw, &g.sh, &g.sw, &g.dh, &g.dw, &g.pt, &g.pl, &g.oh, &g.ow, &xzp, &yzp,
+                          &threads))
+        return NULL;
+    if (!direct_geometry_ok(&g, m, "qdirect2d"))
+        return NULL;
+    const Py_ssize_t k = g.c * g.kh * g.kw, out = g.n * m * g.oh * g.ow;
+    direct_job job;
+    memset(&job, 0, sizeof(job));
+    job.g = &g;
+    job.m = m;
+    job.quant = 1;
+    job.xzp = (float)xzp;
+    job.yzp = (float)yzp;
+    if (nb_int8_kind(xo, &job.x_signed, "qdirect2d: x") < 0 || nb_int8_kind(yo, &job.y_signed, "qdirect2d: y") < 0)
+        return NULL;
+    nbuf x, w, b, mult, y;
+    x.held = w.held = b.held = mult.held = y.held = 0;
+    if (nb_get(xo, &x, job.x_signed ? 'i' : 'u', 1, g.n * g.c * g.h * g.w, 0, 0, "qdirect2d: x") < 0 ||
+        nb_get(wo, &w, 'f', 4, m * k, 0, 0, "qdirect2d: w") < 0 ||
+        nb_get(bo, &b, 'f', 4, m, 0, 1, "qdirect2d: b") < 0 ||
+        nb_get(mo, &mult, 'f', 4, 1, 0, 0, "qdirect2d: mult") < 0 ||
+        nb_get(yo, &y, job.y_signed ? 'i' : 'u', 1, out, 1, 0, "qdirect2d: y") < 0)
+        goto done;
+    job.mult_n = mult.view.len / 4;
+    if (job.mult_n != 1 && job.mult_n != m) {
+        PyErr_Format(PyExc_ValueError, "qdirect2d: mult holds %zd values, expected 1 or %zd", job.mult_n, m);
+        goto done;
+    }
+    job.x = x.view.buf;
+    job.b = b.held ? b.view.buf : NULL;
+    job.mult = mult.view.buf;
+    job.y = y.view.buf;
+    direct_execute(&job, w.view.buf, threads);
+done:
+    nb_release(&x);
+    nb_release(&w);
+    nb_release(&b);
+    nb_release(&mult);
+    nb_release(&y);
+    if (PyErr_Occurred())
+        return NULL;
+    Py_RETURN_NONE;
+}
+
 PyMethodDef direct_methods[] = {
     {"direct2d", direct2d, METH_VARARGS, direct2d_doc},
+    {"qdirect2d", qdirect2d, METH_VARARGS, qdirect2d_doc},
     {NULL, NULL, 0, NULL},
 };

@@ -82,6 +82,9 @@ int nb_get(PyObject *obj, nbuf *nb, char kind, Py_ssize_t itemsize, Py_ssize_t c
 void nb_release(nbuf *nb);
 /* The element size of a float array (4 or 8), or -1 with a TypeError naming ``what``. */
 Py_ssize_t nb_float_size(PyObject *obj, const char *what);
+/* Whether an 8-bit array is int8 (``*is_signed`` 1) or uint8 (0): 0, or -1 with a
+ * TypeError naming ``what`` for any other type. */
+int nb_int8_kind(PyObject *obj, int *is_signed, const char *what);
 
 /* ---- thread pool (pool.c) ------------------------------------------------------ */
 
