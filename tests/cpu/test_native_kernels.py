@@ -816,3 +816,55 @@ def test_group_query_attention_kernel_refuses_positions_outside_its_buffers():
     with pytest.raises(ValueError, match="holds 4 elements"):
         native.K.gqa(q[..., :4], kv, kv, offsets, None, None, present, present.copy(), out, None, None,
                      np.array([0], np.int64), np.array([1], np.int64), dims, 1)
+
+
+@needs_native
+@pytest.mark.parametrize("skip, bias, outs", [(False, False, 1), (False, False, 2), (True, False, 1),
+                                              (True, True, 4), (True, False, 3)])
+def test_rms_normalizations_match_onnxruntime_and_the_numpy_path(skip, bias, outs, request, monkeypatch):
+    rng = np.random.default_rng(8)
+    shape, h = (3, 7, 96), 96
+    feeds = {"x": (rng.standard_normal(shape) * 3).astype(np.float32)}
+    inits = [numpy_helper.from_array(rng.standard_normal(h).astype(np.float32), "g")]
+    if skip:
+        feeds["s"] = rng.standard_normal(shape).astype(np.float32)
+        names = ["x", "s", "g"] + (["b"] if bias else [])
+        if bias:
+            inits.append(numpy_helper.from_array(rng.standard_normal(h).astype(np.float32), "b"))
+        out_names = ["y", "mean", "inv", "sum"][:outs]
+        node = helper.make_node("SkipSimplifiedLayerNormalization", names, out_names, domain="com.microsoft",
+                                epsilon=1e-6)
+    else:
+        out_names = ["y", "inv"][:outs]
+        node = helper.make_node("SimplifiedLayerNormalization", ["x", "g"], out_names, axis=-1, epsilon=1e-6)
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info(k, TensorProto.FLOAT, list(shape))
+                                            for k in feeds],
+                              [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in out_names], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                    helper.make_opsetid("com.microsoft", 1)],
+                              ir_version=8).SerializeToString()
+    counting = _Counting(native.K)
+    monkeypatch.setattr(native, "K", counting)
+    got = [_run_all(model, feeds, t) for t in (1, 2)]
+    assert counting.calls == {"rms_norm": 2}
+    want = rt.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, feeds)
+    for g in got:
+        for a, b, name in zip(g, want, out_names):
+            if name != "mean":  # onnxruntime leaves the simplified form's mean unspecified
+                np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+    request.getfixturevalue("numpy_kernels")
+    for a, b in zip(got[0], _run_all(model, feeds)):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
+
+
+@needs_native
+def test_int8_rounding_of_a_is_the_numpy_paths_bit_for_bit():
+    from onnxrt_cpu.kernels.contrib_matmul_nbits import _int8_blocks
+
+    rng = np.random.default_rng(9)
+    for k, block in ((64, 32), (100, 32), (4096, 128), (70, 16), (31, 64)):
+        a = (rng.standard_normal((5, k)) * 3).astype(np.float32)
+        a[0, :block] = 0  # an all-zero block: codes 0
+        a[1, :3] = [np.float32(1e-40), -np.float32(1e-40), 2.5]  # subnormals beside a normal value
+        a[2, 1] = np.float32(3e38)  # near float32's range
+        np.testing.assert_array_equal(native.int8_blocks(a, block), _int8_blocks(a, block))

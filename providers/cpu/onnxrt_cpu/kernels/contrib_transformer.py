@@ -155,6 +155,19 @@ class _SkipNorm(Kernel):
         g = _check_vec(gamma, h, "gamma", name)
         b = _check_vec(beta, h, "beta", name)
         bb = _check_vec(bias, h, "bias", name)
+        if self.simplified:
+            # the compiled kernel: the sum, its RMS and the scaled row in one pass a row
+            done = native.rms_norm(x, g, self.eps, skip=skip, bias=bb, want_sum=self.n_out > 3,
+                                   want_inv=self.n_out > 2)
+            if done is not None:
+                y, s, inv = done
+                stat = x.shape[:-1] + (1,)
+                outs = [y, np.zeros(stat, _F32)]
+                if self.n_out > 2:
+                    outs.append(inv.reshape(stat))
+                if self.n_out > 3:
+                    outs.append(s)
+                return tuple(outs[: self.n_out])
         s = _work(x) + _work(skip)
         if bb is not None:
             s += bb
@@ -199,6 +212,11 @@ class SimplifiedLayerNormalization(Kernel):
             )
         axis %= x.ndim
         lead = x.shape[:axis]
+        if axis == x.ndim - 1:
+            done = native.rms_norm(x, scale, eps, want_inv=len(self.node.outputs) > 1)
+            if done is not None:
+                y, _, inv = done
+                return (y,) if inv is None else (y, inv.reshape(lead + (1,)))
         v = _work(x).reshape(math.prod(lead), -1)
         ms = row_mean(v * v)
         inv = 1.0 / np.sqrt(ms + v.dtype.type(eps))

@@ -27,8 +27,8 @@ from types import ModuleType
 import numpy as np
 from onnxrt.threads import current_thread_count
 
-__all__ = ["K", "BLAS", "RELU", "CLIP", "SIGMOID", "SWISH", "GELU", "kernels", "blas_ready", "channel_affine", "status",
-           "unary"]
+__all__ = ["K", "BLAS", "RELU", "CLIP", "SIGMOID", "SWISH", "GELU", "kernels", "blas_ready", "channel_affine",
+           "int8_blocks", "rms_norm", "status", "unary"]
 
 _module: ModuleType | None = None
 _reason: str | None = None
@@ -213,4 +213,42 @@ def channel_affine(x, a, s):
     y = np.empty_like(x)
     inner = x.size // (x.shape[0] * c)
     k.channel_affine(x, a, s, y, c, inner, current_thread_count())
+    return y
+
+
+def _f32_rows(x) -> bool:
+    return type(x) is np.ndarray and x.dtype == np.float32 and x.flags.c_contiguous and x.ndim >= 1
+
+
+def rms_norm(x, gamma, eps: float, skip=None, bias=None, want_sum: bool = False, want_inv: bool = False):
+    """RMS normalization over the last axis of ``x`` (Simplified and SkipSimplified
+    LayerNormalization) by the compiled kernel, one pass a row: ``s = x + skip + bias``,
+    ``y = s / sqrt(mean(s^2) + eps) * gamma``. Returns ``(y, s or None, inv or None)``
+    (``inv`` shaped ``x.shape[:-1]``), or None where it does not take the arrays (not
+    loaded; not C-contiguous float32; ``skip`` not ``x``'s shape; ``gamma``/``bias``
+    not ``[h]``)."""
+    k = K
+    if k is None or not _f32_rows(x) or x.size == 0:
+        return None
+    h = x.shape[-1]
+    if not _f32_rows(gamma) or gamma.shape != (h,) or (skip is not None and (not _f32_rows(skip) or
+                                                                             skip.shape != x.shape)) \
+            or (bias is not None and (not _f32_rows(bias) or bias.shape != (h,) or skip is None)):
+        return None
+    y = np.empty_like(x)
+    s = np.empty_like(x) if want_sum and skip is not None else None
+    inv = np.empty(x.shape[:-1], np.float32) if want_inv else None
+    k.rms_norm(x, skip, bias, gamma, y, s, inv, float(eps), current_thread_count())
+    return y, (x if want_sum and skip is None else s), inv
+
+
+def int8_blocks(a, block: int):
+    """MatMulNBits' rounding of A to int8 per block of ``block`` values along the last
+    axis (float32, bit for bit the numpy path's) by the compiled kernel, in one pass;
+    None where it does not take ``a``."""
+    k = K
+    if k is None or not _f32_rows(a) or a.size == 0:
+        return None
+    y = np.empty_like(a)
+    k.int8_blocks(a, y, a.shape[-1], int(block))
     return y

@@ -11,6 +11,8 @@
 #include "native.h"
 #include "vmath.h"
 
+#include <math.h>
+
 enum { OP_RELU = 1, OP_CLIP = 2, OP_SIGMOID = 3, OP_SWISH = 4, OP_GELU = 5 };
 
 /* Elements per chunk of the pool: large enough that a hand-over is a few percent. */
@@ -256,7 +258,189 @@ done:
     Py_RETURN_NONE;
 }
 
+/* ---- RMS normalization (Simplified / SkipSimplified LayerNormalization) ----------- */
+
+typedef struct {
+    const float *x, *skip, *bias, *gamma;
+    float *y, *sum, *inv;
+    Py_ssize_t rows, h, per;
+    float eps;
+} rms_job;
+
+/* One row: s = x (+ skip + bias), ms = mean(s^2) (eight float32 partial sums), inv =
+ * 1 / sqrt(ms + eps), y = (s * inv) * gamma, as the numpy path orders it. */
+NATIVE_CLONES static void rms_row(const rms_job *j, Py_ssize_t r)
+{
+    const Py_ssize_t h = j->h;
+    const float *restrict x = j->x + r * h;
+    float *restrict y = j->y + r * h;
+    float *restrict s = j->sum ? j->sum + r * h : y; /* the sum, kept where asked for */
+    if (j->skip) {
+        const float *restrict k = j->skip + r * h;
+        if (j->bias)
+            for (Py_ssize_t i = 0; i < h; i++)
+                s[i] = (x[i] + k[i]) + j->bias[i];
+        else
+            for (Py_ssize_t i = 0; i < h; i++)
+                s[i] = x[i] + k[i];
+    } else {
+        s = (float *)x; /* read only: y is written from it below */
+    }
+    float part[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    Py_ssize_t i = 0;
+    for (; i + 8 <= h; i += 8)
+        for (int l = 0; l < 8; l++)
+            part[l] += s[i + l] * s[i + l];
+    float ms = 0.0f;
+    for (int l = 0; l < 8; l++)
+        ms += part[l];
+    for (; i < h; i++)
+        ms += s[i] * s[i];
+    ms /= (float)h;
+    const float inv = 1.0f / sqrtf(ms + j->eps);
+    if (j->inv)
+        j->inv[r] = inv;
+    for (Py_ssize_t c = 0; c < h; c++)
+        y[c] = (s[c] * inv) * j->gamma[c];
+}
+
+static void rms_task(void *arg, Py_ssize_t t)
+{
+    rms_job *j = arg;
+    Py_ssize_t r1 = (t + 1) * j->per < j->rows ? (t + 1) * j->per : j->rows;
+    for (Py_ssize_t r = t * j->per; r < r1; r++)
+        rms_row(j, r);
+}
+
+PyDoc_STRVAR(rms_norm_doc,
+"rms_norm(x, skip, bias, gamma, y, sum, inv, eps, threads)\n\n"
+"RMS normalization of the rows of x [rows, h] (float32): s = x + skip + bias (skip\n"
+"[rows, h] and bias [h] each or None), y = s / sqrt(mean(s^2) + eps) * gamma; sum\n"
+"(receives s, [rows, h]) and inv (receives 1 / sqrt(mean + eps), [rows]) each or\n"
+"None. Runs on up to threads threads, without the GIL.");
+
+static PyObject *rms_norm(PyObject *self, PyObject *args)
+{
+    PyObject *xo, *ko, *bo, *go, *yo, *so, *io;
+    double eps;
+    int threads;
+    if (!PyArg_ParseTuple(args, "OOOOOOOdi:rms_norm", &xo, &ko, &bo, &go, &yo, &so, &io, &eps, &threads))
+        return NULL;
+    nbuf x, k, b, g, y, sm, iv;
+    x.held = k.held = b.held = g.held = y.held = sm.held = iv.held = 0;
+    rms_job j;
+    memset(&j, 0, sizeof(j));
+    j.eps = (float)eps;
+    if (nb_get(go, &g, 'f', 4, 1, 0, 0, "rms_norm: gamma") < 0)
+        goto done;
+    j.h = g.view.len / 4;
+    if (nb_get(xo, &x, 'f', 4, j.h, 0, 0, "rms_norm: x") < 0)
+        goto done;
+    if (x.view.len / 4 % j.h) {
+        PyErr_Format(PyExc_ValueError, "rms_norm: x holds %zd values, not rows of %zd", x.view.len / 4, j.h);
+        goto done;
+    }
+    j.rows = x.view.len / 4 / j.h;
+    if (nb_get(ko, &k, 'f', 4, j.rows * j.h, 0, 1, "rms_norm: skip") < 0 ||
+        nb_get(bo, &b, 'f', 4, j.h, 0, 1, "rms_norm: bias") < 0 ||
+        nb_get(yo, &y, 'f', 4, j.rows * j.h, 1, 0, "rms_norm: y") < 0 ||
+        nb_get(so, &sm, 'f', 4, j.rows * j.h, 1, 1, "rms_norm: sum") < 0 ||
+        nb_get(io, &iv, 'f', 4, j.rows, 1, 1, "rms_norm: inv") < 0)
+        goto done;
+    if (b.held && !k.held) {
+        PyErr_SetString(PyExc_ValueError, "rms_norm: a bias needs a skip");
+        goto done;
+    }
+    j.x = x.view.buf;
+    j.skip = k.held ? k.view.buf : NULL;
+    j.bias = b.held ? b.view.buf : NULL;
+    j.gamma = g.view.buf;
+    j.y = y.view.buf;
+    j.sum = sm.held ? sm.view.buf : NULL;
+    j.inv = iv.held ? iv.view.buf : NULL;
+    j.per = j.h >= CHUNK ? 1 : CHUNK / j.h;
+    if (j.rows) {
+        Py_BEGIN_ALLOW_THREADS
+        pool_run(rms_task, &j, (j.rows + j.per - 1) / j.per, threads);
+        Py_END_ALLOW_THREADS
+    }
+done:
+    nb_release(&x);
+    nb_release(&k);
+    nb_release(&b);
+    nb_release(&g);
+    nb_release(&y);
+    nb_release(&sm);
+    nb_release(&iv);
+    if (PyErr_Occurred())
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+/* ---- MatMulNBits' int8 rounding of A ------------------------------------------------ */
+
+/* Each row's blocks of ``block`` values rounded as onnxruntime's int8 path rounds A: to
+ * the nearest (ties to even) multiple of max|a| / 127 of the block, the codes a * (127 /
+ * max|a|), every operation in float32 as the numpy path (_int8_blocks) does it. */
+NATIVE_CLONES static void int8_blocks_row(const float *restrict a, float *restrict y, Py_ssize_t k, Py_ssize_t block)
+{
+    const float floor_ = 127.0f / 3.4028234663852886e+38f;
+    for (Py_ssize_t b0 = 0; b0 < k; b0 += block) {
+        Py_ssize_t n = b0 + block < k ? block : k - b0;
+        float amax = 0.0f;
+        for (Py_ssize_t i = 0; i < n; i++) {
+            float v = fabsf(a[b0 + i]);
+            amax = v > amax ? v : amax;
+        }
+        const float inv = 127.0f / (amax > floor_ ? amax : floor_), scale = amax / 127.0f;
+        for (Py_ssize_t i = 0; i < n; i++)
+            y[b0 + i] = rintf(a[b0 + i] * inv) * scale;
+    }
+}
+
+PyDoc_STRVAR(int8_blocks_doc,
+"int8_blocks(a, y, k, block)\n\n"
+"MatMulNBits' rounding of A (float32 rows of k values) to int8 per block of block\n"
+"values, into y: the nearest multiple of the block's max|a| / 127, ties to even.");
+
+static PyObject *int8_blocks(PyObject *self, PyObject *args)
+{
+    PyObject *ao, *yo;
+    Py_ssize_t k, block;
+    if (!PyArg_ParseTuple(args, "OOnn:int8_blocks", &ao, &yo, &k, &block))
+        return NULL;
+    if (k < 1 || block < 1) {
+        PyErr_SetString(PyExc_ValueError, "int8_blocks: k and block must be positive");
+        return NULL;
+    }
+    nbuf a, y;
+    a.held = y.held = 0;
+    if (nb_get(ao, &a, 'f', 4, 0, 0, 0, "int8_blocks: a") < 0)
+        return NULL;
+    Py_ssize_t n = a.view.len / 4;
+    if (n % k) {
+        PyErr_Format(PyExc_ValueError, "int8_blocks: a holds %zd values, not rows of %zd", n, k);
+        nb_release(&a);
+        return NULL;
+    }
+    if (nb_get(yo, &y, 'f', 4, n, 1, 0, "int8_blocks: y") < 0) {
+        nb_release(&a);
+        return NULL;
+    }
+    const float *src = a.view.buf;
+    float *dst = y.view.buf;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t r = 0; r < n / k; r++)
+        int8_blocks_row(src + r * k, dst + r * k, k, block);
+    Py_END_ALLOW_THREADS
+    nb_release(&a);
+    nb_release(&y);
+    Py_RETURN_NONE;
+}
+
 PyMethodDef elementwise_methods[] = {
+    {"rms_norm", rms_norm, METH_VARARGS, rms_norm_doc},
+    {"int8_blocks", int8_blocks, METH_VARARGS, int8_blocks_doc},
     {"unary", unary, METH_VARARGS, unary_doc},
     {"channel_affine", channel_affine, METH_VARARGS, channel_affine_doc},
     {NULL, NULL, 0, NULL},
