@@ -24,6 +24,7 @@ import numpy as np
 from onnxrt.kernel import Kernel
 from onnxrt.windows import pool_geometry
 
+from .. import native
 from ..registry import op
 from .activation import _sigmoid
 from .conv import pad_spatial, spatial_attrs, tap_slices
@@ -683,6 +684,26 @@ def _bias(y: np.ndarray, bias, what: str) -> np.ndarray:
     return y
 
 
+def _column_vector(v, n: int) -> np.ndarray | None:
+    """A float32 scale of one value or one per column as a [1] or [n] vector, for the
+    compiled 8-bit products' epilogue; None for any other shape."""
+    if v.size == 1:
+        return v.reshape(1)
+    return v if v.shape == (n,) else None
+
+
+def _int8_product(w, a, za: int, a_scale, scale, bias):
+    """``a``'s product with the packed ``w`` by the compiled 8-bit kernel, converted,
+    times ``scale`` (one value or one per column) and plus ``bias``: None where it
+    does not apply (no packed B, B not 2-D, other shapes, a NaN in float ``a``)."""
+    if w is None or a.ndim == 0 or a_scale is not None and not 0.0 < a_scale < np.inf:
+        return None
+    vec = _column_vector(scale, w.n)
+    if vec is None or (bias is not None and (bias.dtype != _F32 or bias.shape != (w.n,))):
+        return None
+    return native.int8_matmul(a, w, za, a_scale=a_scale, scale=vec, bias=bias)
+
+
 def _b_scale(b, b_scale) -> np.ndarray:
     """B's scale as float32: per tensor, per column (the last axis of B; shared by a
     batch of B matrices, as in onnxruntime) or per column of each matrix."""
@@ -725,16 +746,24 @@ class MatMulIntegerToFloat(Kernel):
         ins = self.node.inputs
         self.b_packed = None
         has_zp = len(ins) > 5 and ins[5]
+        self.w8 = None
         if 1 in c and (not has_zp or 5 in c):
             self.b_packed = _center_b_any(c[1], c.get(5) if has_zp else None, None)
             self.b_max = absmax(self.b_packed)
             self.b_l1 = column_l1(self.b_packed)
+            # B packed for the compiled 8-bit products, where this CPU has them
+            self.w8 = native.pack_int8_weights(c[1], c.get(5) if has_zp else None)
 
     def run(
         self, a, b, a_scale, b_scale, a_zero_point=None, b_zero_point=None, bias=None
     ):
         desc = self.node.describe()
         _check_matmul(a, b, desc)
+        if self.w8 is not None and a.dtype in (np.uint8, np.int8):
+            y = _int8_product(self.w8, a, _zp(a_zero_point, a.dtype), None,
+                              _scalar(a_scale, "a_scale") * _b_scale(b, b_scale), bias)
+            if y is not None:
+                return (y,)
         A = _center(a, np.asarray(_zp(a_zero_point, a.dtype)), False, _F32)
         B = _center_b_any(b, b_zero_point, self.b_packed)
         y = int_matmul_f32(
@@ -771,10 +800,13 @@ class DynamicQuantizeMatMul(Kernel):
         ins = self.node.inputs
         self.b_packed = None
         has_zp = len(ins) > 3 and ins[3]
+        self.w8 = None
         if 1 in c and (not has_zp or 3 in c):
             self.b_packed = _center_b_any(c[1], c.get(3) if has_zp else None, None)
             self.b_max = absmax(self.b_packed)
             self.b_l1 = column_l1(self.b_packed)
+            # B packed for the compiled 8-bit products, where this CPU has them
+            self.w8 = native.pack_int8_weights(c[1], c.get(3) if has_zp else None)
         # a constant B scale converted once (the same array comes back every run)
         self.b_scale = None
         if 1 in c and 2 in c:
@@ -786,12 +818,18 @@ class DynamicQuantizeMatMul(Kernel):
     def run(self, a, b, b_scale, b_zero_point=None, bias=None):
         desc = self.node.describe()
         _check_matmul(a, b, desc)
+        cached = self.b_scale
+        if self.w8 is not None and a.dtype == _F32:
+            _, sa, za, _ = dynamic_range(a)
+            y = _int8_product(self.w8, a, int(za), sa, sa * (
+                cached[1] if cached is not None and cached[0] is b_scale else _b_scale(b, b_scale)), bias)
+            if y is not None:
+                return (y,)
         A, sa, za = _dynamic_centred(a)
         B = _center_b_any(b, b_zero_point, self.b_packed)
         bmax = self.b_max if self.b_packed is not None else centred_bound(b.dtype, b_zero_point)
         bl1 = self.b_l1 if self.b_packed is not None else None
         y = int_matmul_f32(A, B, float(max(za, 255 - za)), bmax, bl1)
-        cached = self.b_scale
         scale = sa * (cached[1] if cached is not None and cached[0] is b_scale else _b_scale(b, b_scale))
         if row_op(np.multiply, y, scale) is None:  # a scalar scale, or one per batch item
             y *= scale

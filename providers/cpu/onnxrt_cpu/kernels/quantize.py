@@ -23,6 +23,7 @@ import numpy as np
 from onnxrt.dtypes import np_dtype
 from onnxrt.kernel import Kernel
 
+from .. import native
 from ..parallel import matmul_nd
 from ..registry import op
 from .cast import SATURATING_F8, cast_array
@@ -458,13 +459,20 @@ class MatMulInteger(Kernel):
 
     def setup(self):
         c = self.node.constants
-        self.b_packed = None
+        self.b_packed = self.w8 = None
         if 1 in c and (len(self.node.inputs) < 4 or not self.node.inputs[3] or 3 in c):
             bp = _center(c[1], c.get(3), False, _F32)
             self.b_packed = (bp, absmax(bp), column_l1(bp))
+            # B packed for the compiled 8-bit products, where this CPU has them
+            self.w8 = native.pack_int8_weights(c[1], c.get(3))
 
     def run(self, a, b, a_zero_point=None, b_zero_point=None):
         _check_matmul(a, b, "MatMulInteger")
+        if self.w8 is not None and a.dtype in (np.uint8, np.int8) and (
+                a_zero_point is None or a_zero_point.size == 1 and a_zero_point.dtype == a.dtype):
+            y = native.int8_matmul(a, self.w8, 0 if a_zero_point is None else int(a_zero_point.reshape(())))
+            if y is not None:
+                return (y,)
         A = _center(a, a_zero_point, True, _F32)
         if self.b_packed is not None:
             B, bmax, bl1 = self.b_packed

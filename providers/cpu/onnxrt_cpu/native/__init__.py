@@ -27,8 +27,8 @@ from types import ModuleType
 import numpy as np
 from onnxrt.threads import current_thread_count
 
-__all__ = ["K", "BLAS", "RELU", "CLIP", "SIGMOID", "SWISH", "GELU", "kernels", "blas_ready", "channel_affine",
-           "int8_blocks", "rms_norm", "status", "unary"]
+__all__ = ["K", "BLAS", "RELU", "CLIP", "SIGMOID", "SWISH", "GELU", "Int8Weights", "kernels", "blas_ready",
+           "channel_affine", "int8_blocks", "int8_matmul", "pack_int8_weights", "rms_norm", "status", "unary"]
 
 _module: ModuleType | None = None
 _reason: str | None = None
@@ -144,15 +144,17 @@ def blas_ready() -> bool:
 
 
 def status() -> dict:
-    """``{"loaded", "reason", "blas", "blas_reason", "pool"}``: whether the compiled
-    kernels are loaded (else why not), the BLAS library their products call (else why
-    none), and the thread pool's workers and spin time."""
+    """``{"loaded", "reason", "blas", "blas_reason", "int8_products", "pool"}``: whether
+    the compiled kernels are loaded (else why not), the BLAS library their products
+    call (else why none), whether this CPU runs the 8-bit products (AVX-512 VNNI), and
+    the thread pool's workers and spin time."""
     module = kernels()
     return {
         "loaded": module is not None,
         "reason": _reason,
         "blas": _blas,
         "blas_reason": _blas_reason if module is not None else _reason,
+        "int8_products": module is not None and module.igemm_ready(),
         "pool": module.pool_info() if module is not None else None,
     }
 
@@ -252,3 +254,78 @@ def int8_blocks(a, block: int):
     y = np.empty_like(a)
     k.int8_blocks(a, y, a.shape[-1], int(block))
     return y
+
+
+#: Longest inner dimension of the 8-bit products: every sum of 255 x 255 products
+#: then fits int32.
+INT8_MAX_K = 33024
+#: Multiply-adds of an 8-bit product a thread takes at least: below it a hand-over to
+#: the pool costs more than it saves (BERT-tiny's 256 x 32 x 32 products, 5 us on one
+#: thread, ran slower in a session on two).
+INT8_THREAD_MACS = 1 << 19
+
+
+class Int8Weights:
+    """A constant 8-bit B [K, N] packed for :func:`int8_matmul` (see igemm.c): its
+    values as int8 in panels of 16 columns by 4 rows, and its zero points and column
+    sums after that shift, as int32 vectors padded to whole pairs of panels."""
+
+    __slots__ = ("packed", "zb", "colsum", "k", "n")
+
+    def __init__(self, packed, zb, colsum, k: int, n: int):
+        self.packed, self.zb, self.colsum, self.k, self.n = packed, zb, colsum, k, n
+
+
+def pack_int8_weights(b, zero_point=None) -> Int8Weights | None:
+    """``b`` (a 2-D uint8 or int8 array) and its zero point (None, one value, or one
+    per column) packed for :func:`int8_matmul`; None where this CPU has no 8-bit
+    products, or they do not take ``b``."""
+    k = K
+    if k is None or not k.igemm_ready() or type(b) is not np.ndarray or b.ndim != 2 \
+            or b.dtype not in (np.uint8, np.int8) or not 1 <= b.shape[0] <= INT8_MAX_K or b.shape[1] < 1:
+        return None
+    rows, cols = b.shape
+    shift = 128 if b.dtype == np.uint8 else 0
+    zp = np.zeros(cols, np.int32)
+    if zero_point is not None:
+        z = np.asarray(zero_point)
+        if z.dtype != b.dtype or z.size not in (1, cols) or (z.size == cols != 1 and z.ndim != 1):
+            return None  # the numpy path reports it
+        zp[:] = z.reshape(-1).astype(np.int32)
+    k4, npad = -(-rows // 4) * 4, -(-cols // 32) * 32
+    full = np.zeros((k4, npad), np.int8)
+    full[:rows, :cols] = b.astype(np.int16) - shift
+    packed = np.ascontiguousarray(full.reshape(k4 // 4, 4, npad // 16, 16).transpose(2, 0, 3, 1))
+    zb = np.zeros(npad, np.int32)
+    zb[:cols] = zp - shift
+    colsum = np.zeros(npad, np.int32)
+    colsum[:cols] = full[:, :cols].sum(axis=0, dtype=np.int32)
+    return Int8Weights(packed, zb, colsum, rows, cols)
+
+
+def int8_matmul(a, w: Int8Weights, a_zero_point: int = 0, a_scale=None, scale=None, bias=None):
+    """``(a - a_zero_point) @ (B - B's zero point)`` for the B that ``w`` packs, exact in
+    int32 (AVX-512 VNNI), ``a`` [..., K] of uint8 or int8, or of float32 quantized first
+    as DynamicQuantizeLinear does with ``a_scale`` (a positive float32) and
+    ``a_zero_point``. int32 out, or float32 where ``a_scale``, ``scale`` or ``bias`` is
+    given: the sums converted, times ``scale`` (float32 [N] or [1]) and plus ``bias``
+    (float32 [N]), each rounded as numpy rounds them. None where the kernel does not take the
+    arguments, or float ``a`` holds a NaN."""
+    k = K
+    if k is None or type(a) is not np.ndarray or a.ndim == 0 or a.shape[-1] != w.k:
+        return None
+    if a_scale is None and a.dtype not in (np.uint8, np.int8) or a_scale is not None and a.dtype != np.float32:
+        return None
+    if scale is not None and (type(scale) is not np.ndarray or scale.dtype != np.float32
+                              or scale.shape not in ((w.n,), (1,))):
+        return None
+    if bias is not None and (type(bias) is not np.ndarray or bias.dtype != np.float32 or bias.shape != (w.n,)):
+        return None
+    x = np.ascontiguousarray(a).reshape(-1, w.k)
+    floats = a_scale is not None or scale is not None or bias is not None
+    out = np.empty((x.shape[0], w.n), np.float32 if floats else np.int32)
+    threads = min(current_thread_count(), 1 + x.shape[0] * w.k * w.n // INT8_THREAD_MACS)
+    if not k.igemm(x, float(a_scale) if a_scale is not None else 0.0, int(a_zero_point), w.packed, w.zb, w.colsum,
+                   scale, bias, out, (x.shape[0], w.k, w.n, w.k), threads):
+        return None
+    return out.reshape(a.shape[:-1] + (w.n,))

@@ -125,5 +125,6 @@ extern PyMethodDef winograd_methods[];
 extern PyMethodDef direct_methods[];
 extern PyMethodDef gqa_methods[];
 extern PyMethodDef rnn_methods[];
+extern PyMethodDef igemm_methods[];
 
 #endif

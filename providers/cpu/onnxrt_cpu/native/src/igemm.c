@@ -1,0 +1,360 @@
+/* 8-bit matrix products (DynamicQuantizeMatMul, MatMulInteger, MatMulIntegerToFloat)
+ * on AVX-512 VNNI: one vpdpbusd multiplies 64 unsigned by signed byte pairs and adds
+ * them in fours into 16 int32 sums, four times the multiply-adds of a float32 FMA. The
+ * numpy path takes the products through a float32 GEMM (exact while they fit 24 bits);
+ * here they are exact in int32, and the result is converted once, so both agree bit
+ * for bit.
+ *
+ * B is packed once, at session creation (onnxrt_cpu.native.pack_int8_weights): the
+ * values as int8 (uint8 B shifted by -128), in panels of 16 columns, each column's
+ * four consecutive k next to each other ([N/16][K/4][16][4]), zero-padded to whole
+ * panels of four k. A's rows are brought to uint8 (int8 A shifted by +128; float A
+ * quantized as DynamicQuantizeLinear does) by each task for its own rows. The shifts
+ * and the zero points come back in as corrections of the int32 sums:
+ *
+ *   sum (a - za)(b - zb) = sum a b - zb sum a - za sum b + K za zb
+ *
+ * with int32 arithmetic that wraps, which is exact wherever the true sum fits int32
+ * (the caller keeps K below 33025: 255 * 255 * K < 2^31).
+ */
+#include "native.h"
+
+#if defined(__GNUC__) && defined(__x86_64__) && (defined(__clang__) || __GNUC__ >= 9)
+#define IG_BUILT 1
+#include <immintrin.h>
+#include <math.h>
+#define IG_TARGET __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512vnni")))
+#else
+#define IG_BUILT 0
+#endif
+
+/* Rows of a micro-tile; its columns are two panels (32). */
+#define MR 8
+#define NR 32
+
+typedef struct {
+    const void *a;
+    int a_kind; /* 0 float32 (quantized here), 1 uint8, 2 int8 */
+    float a_scale;
+    int32_t za; /* A's zero point after the shift to uint8 */
+    Py_ssize_t m, k, k4, n, npad, lda;
+    const int8_t *b;
+    const int32_t *zb;    /* [npad]: B's zero points after its shift */
+    const int32_t *colterm; /* [npad]: K za zb - za sum b */
+    const float *scale, *bias; /* [n] each, or NULL */
+    int scale_one;             /* scale is one value for every column */
+    void *out;
+    int out_f32;
+    Py_ssize_t row_block, col_block, col_tasks;
+    int failed, nan;
+} ig_job;
+
+#if IG_BUILT
+
+/* Rows r0 .. r1 of A as uint8 rows of k4 bytes (zeros past k) into ``dst``, their sums
+ * into ``rowsum``; rows up to a whole micro-tile are zeros. Float A is quantized as
+ * DynamicQuantizeLinear: saturate(rint(x / scale) + za), the quotient in float32 as
+ * the numpy path divides; a NaN sets job->nan (the caller falls back). */
+IG_TARGET static void ig_rows(ig_job *j, Py_ssize_t r0, Py_ssize_t r1, uint8_t *dst, int32_t *rowsum)
+{
+    const Py_ssize_t k = j->k, k4 = j->k4;
+    Py_ssize_t rows = r1 - r0, padded = (rows + MR - 1) / MR * MR;
+    const __m512 scale = _mm512_set1_ps(j->a_scale), zp = _mm512_set1_ps((float)j->za);
+    const __m512 lo = _mm512_setzero_ps(), hi = _mm512_set1_ps(255.0f);
+    const __m512i flip = _mm512_set1_epi8((char)0x80);
+    for (Py_ssize_t r = 0; r < rows; r++) {
+        uint8_t *d = dst + r * k4;
+        __m512i sum = _mm512_setzero_si512();
+        if (j->a_kind == 0) {
+            const float *x = (const float *)j->a + (r0 + r) * j->lda;
+            __mmask16 bad = 0;
+            for (Py_ssize_t i = 0; i < k; i += 16) {
+                __mmask16 m = k - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (k - i)) - 1);
+                __m512 v = _mm512_div_ps(_mm512_maskz_loadu_ps(m, x + i), scale);
+                v = _mm512_add_ps(_mm512_roundscale_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), zp);
+                bad |= _mm512_mask_cmp_ps_mask(m, v, v, _CMP_UNORD_Q);
+                v = _mm512_min_ps(_mm512_max_ps(v, lo), hi);
+                __m512i q = _mm512_maskz_cvtps_epi32(m, v);
+                sum = _mm512_add_epi32(sum, q);
+                _mm_mask_storeu_epi8(d + i, m, _mm512_cvtepi32_epi8(q));
+            }
+            if (bad)
+                j->nan = 1;
+        } else {
+            const uint8_t *x = (const uint8_t *)j->a + (r0 + r) * j->lda;
+            for (Py_ssize_t i = 0; i < k; i += 64) {
+                __mmask64 m = k - i >= 64 ? ~(__mmask64)0 : (((__mmask64)1 << (k - i)) - 1);
+                __m512i q = _mm512_maskz_loadu_epi8(m, x + i);
+                if (j->a_kind == 2) /* int8 to uint8 + 128: the sign bit flipped */
+                    q = _mm512_maskz_mov_epi8(m, _mm512_xor_si512(q, flip));
+                /* byte sums in fours: a multiply-add by ones */
+                sum = _mm512_dpbusd_epi32(sum, q, _mm512_set1_epi8(1));
+                _mm512_mask_storeu_epi8(d + i, m, q);
+            }
+        }
+        for (Py_ssize_t i = k; i < k4; i++)
+            d[i] = 0;
+        rowsum[r] = _mm512_reduce_add_epi32(sum);
+    }
+    if (padded > rows)
+        memset(dst + rows * k4, 0, (size_t)((padded - rows) * k4));
+}
+
+/* Four bytes of a row as one int32 (any alignment). */
+static inline int32_t ig_four(const uint8_t *p)
+{
+    int32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+
+#define IG_ROW(i)                                                                                                \
+    x = _mm512_set1_epi32(ig_four(a + (i) * k4 + q * 4));                                                         \
+    c##i##0 = _mm512_dpbusd_epi32(c##i##0, x, w0);                                                                \
+    c##i##1 = _mm512_dpbusd_epi32(c##i##1, x, w1);
+
+/* One micro-tile: 8 rows (of which the first ``mr`` are written) by 32 columns from
+ * ``col``, the sums corrected and written (converted, scaled and biased for float
+ * output; masked past column n). The accumulators are sixteen named variables: GCC
+ * copies an array of vectors between registers on every multiply-add. The scale and
+ * bias are applied with explicitly rounded operations, which the compiler cannot
+ * contract into an FMA: a multiply, then an add, each rounded, as numpy does them. */
+IG_TARGET static void ig_tile(const ig_job *j, const uint8_t *a, const int32_t *rowsum, Py_ssize_t row,
+                              Py_ssize_t col, int mr)
+{
+    const Py_ssize_t kq = j->k4 / 4, k4 = j->k4;
+    const int8_t *p0 = j->b + (col / 16) * kq * 64, *p1 = p0 + kq * 64;
+    __m512i c00 = _mm512_setzero_si512(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00, c30 = c00,
+            c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00, c60 = c00, c61 = c00, c70 = c00, c71 = c00, x;
+    for (Py_ssize_t q = 0; q < kq; q++) {
+        __m512i w0 = _mm512_loadu_si512((const void *)(p0 + q * 64));
+        __m512i w1 = _mm512_loadu_si512((const void *)(p1 + q * 64));
+        IG_ROW(0) IG_ROW(1) IG_ROW(2) IG_ROW(3) IG_ROW(4) IG_ROW(5) IG_ROW(6) IG_ROW(7)
+    }
+    __m512i acc[MR][2] = {{c00, c01}, {c10, c11}, {c20, c21}, {c30, c31},
+                          {c40, c41}, {c50, c51}, {c60, c61}, {c70, c71}};
+    for (int h = 0; h < 2; h++) {
+        Py_ssize_t c = col + 16 * h;
+        if (c >= j->n)
+            break;
+        __mmask16 mask = j->n - c >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (j->n - c)) - 1);
+        __m512i zb = _mm512_loadu_si512((const void *)(j->zb + c));
+        __m512i ct = _mm512_loadu_si512((const void *)(j->colterm + c));
+        __m512 sc = _mm512_setzero_ps(), bi = _mm512_setzero_ps();
+        if (j->scale)
+            sc = j->scale_one ? _mm512_set1_ps(j->scale[0]) : _mm512_maskz_loadu_ps(mask, j->scale + c);
+        if (j->bias)
+            bi = _mm512_maskz_loadu_ps(mask, j->bias + c);
+        for (int i = 0; i < mr; i++) {
+            __m512i v = _mm512_sub_epi32(acc[i][h], _mm512_mullo_epi32(zb, _mm512_set1_epi32(rowsum[i])));
+            v = _mm512_add_epi32(v, ct);
+            Py_ssize_t at = (row + i) * j->n + c;
+            if (j->out_f32) {
+                __m512 f = _mm512_cvtepi32_ps(v);
+                if (j->scale)
+                    f = _mm512_mul_round_ps(f, sc, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+                if (j->bias)
+                    f = _mm512_add_round_ps(f, bi, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+                _mm512_mask_storeu_ps((float *)j->out + at, mask, f);
+            } else {
+                _mm512_mask_storeu_epi32((int32_t *)j->out + at, mask, v);
+            }
+        }
+    }
+}
+
+/* A task: a block of rows by a block of columns. Its rows are brought to uint8 in the
+ * thread's scratch, then every pair of panels runs down them in micro-tiles (the
+ * panels, K x 32 bytes, stay in cache while the rows pass). */
+IG_TARGET static void ig_task(void *arg, Py_ssize_t t)
+{
+    ig_job *j = arg;
+    const Py_ssize_t r0 = (t / j->col_tasks) * j->row_block, c0 = (t % j->col_tasks) * j->col_block;
+    const Py_ssize_t r1 = r0 + j->row_block < j->m ? r0 + j->row_block : j->m;
+    const Py_ssize_t c1 = c0 + j->col_block < j->npad ? c0 + j->col_block : j->npad;
+    const Py_ssize_t rows = r1 - r0, padded = (rows + MR - 1) / MR * MR;
+    uint8_t *a = scratch(0, (size_t)(padded * j->k4) + (size_t)padded * sizeof(int32_t));
+    if (!a) {
+        j->failed = 1;
+        return;
+    }
+    int32_t *rowsum = (int32_t *)(a + padded * j->k4);
+    ig_rows(j, r0, r1, a, rowsum);
+    for (Py_ssize_t c = c0; c < c1; c += NR)
+        for (Py_ssize_t r = 0; r < rows; r += MR)
+            ig_tile(j, a + r * j->k4, rowsum + r, r0 + r, c, rows - r < MR ? (int)(rows - r) : MR);
+}
+
+static int ig_supported(void)
+{
+    static int known = -1;
+    if (known < 0) {
+        __builtin_cpu_init();
+        known = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl") &&
+                __builtin_cpu_supports("avx512vnni");
+    }
+    return known;
+}
+
+#else
+
+static int ig_supported(void)
+{
+    return 0;
+}
+
+#endif
+
+PyDoc_STRVAR(igemm_ready_doc,
+"igemm_ready()\n\n"
+"Whether this CPU runs the 8-bit matrix product (AVX-512 with VNNI).");
+
+static PyObject *igemm_ready(PyObject *self, PyObject *noargs)
+{
+    return PyBool_FromLong(ig_supported());
+}
+
+PyDoc_STRVAR(igemm_doc,
+"igemm(a, a_scale, a_zero_point, packed, zb, colsum, scale, bias, out, dims, threads)\n\n"
+"out[m, n] = sum_k (a[m, k] - a_zero_point) (B[k, n] - zb[n]), B as packed by\n"
+"onnxrt_cpu.native.pack_int8_weights. a is [m, k] (rows lda apart) of float32\n"
+"(quantized first to uint8 with a_scale and a_zero_point, as DynamicQuantizeLinear),\n"
+"uint8 or int8. zb and colsum are int32 [npad]: B's zero points and column sums after\n"
+"the packing's shift. out is float32 (then the sums times scale [n] or [1], plus bias [n],\n"
+"each optional) or int32 [m, n]. dims is (m, k, n, lda). Returns False where float A\n"
+"held a NaN (nothing useful was written), else True. Runs on up to threads threads,\n"
+"without the GIL.");
+
+static PyObject *igemm(PyObject *self, PyObject *args)
+{
+    PyObject *ao, *po, *zbo, *cso, *sco, *bio, *outo;
+    double a_scale;
+    int za, threads;
+    ig_job j;
+    memset(&j, 0, sizeof(j));
+    if (!PyArg_ParseTuple(args, "OdiOOOOOO(nnnn)i:igemm", &ao, &a_scale, &za, &po, &zbo, &cso, &sco, &bio, &outo,
+                          &j.m, &j.k, &j.n, &j.lda, &threads))
+        return NULL;
+    if (!ig_supported()) {
+        PyErr_SetString(PyExc_RuntimeError, "igemm: this CPU has no AVX-512 VNNI (see igemm_ready)");
+        return NULL;
+    }
+    if (j.m < 0 || j.k < 1 || j.k > 33024 || j.n < 1 || j.lda < j.k) {
+        PyErr_SetString(PyExc_ValueError, "igemm: invalid dimensions (k from 1 to 33024, n at least 1, lda >= k)");
+        return NULL;
+    }
+    j.k4 = (j.k + 3) / 4 * 4;
+    j.npad = (j.n + NR - 1) / NR * NR;
+    nbuf a, p, zb, cs, sc, bi, out;
+    a.held = p.held = zb.held = cs.held = sc.held = bi.held = out.held = 0;
+    int32_t *colterm = NULL;
+    int ok = 0;
+    Py_ssize_t fsize = 0;
+    int is_signed = 0;
+    if (PyObject_CheckBuffer(ao) && (fsize = nb_float_size(ao, "igemm: a")) == 4) {
+        j.a_kind = 0;
+        if (!(a_scale > 0.0) || za < 0 || za > 255) {
+            PyErr_SetString(PyExc_ValueError, "igemm: float a needs a positive scale and a zero point in 0..255");
+            goto done;
+        }
+    } else {
+        PyErr_Clear();
+        if (nb_int8_kind(ao, &is_signed, "igemm: a") < 0)
+            goto done;
+        j.a_kind = is_signed ? 2 : 1;
+        if (is_signed ? (za < -128 || za > 127) : (za < 0 || za > 255)) {
+            PyErr_SetString(PyExc_ValueError, "igemm: a_zero_point outside a's type");
+            goto done;
+        }
+    }
+    j.a_scale = (float)a_scale;
+    j.za = j.a_kind == 2 ? za + 128 : za;
+    Py_ssize_t a_count = j.m ? (j.m - 1) * j.lda + j.k : 0;
+    int out_f32 = 0;
+    if (nb_get(ao, &a, j.a_kind == 0 ? 'f' : (j.a_kind == 2 ? 'i' : 'u'), j.a_kind == 0 ? 4 : 1, a_count, 0, 0,
+               "igemm: a") < 0 ||
+        nb_get(po, &p, 'i', 1, j.npad * j.k4, 0, 0, "igemm: packed") < 0 ||
+        nb_get(zbo, &zb, 'i', 4, j.npad, 0, 0, "igemm: zb") < 0 ||
+        nb_get(cso, &cs, 'i', 4, j.npad, 0, 0, "igemm: colsum") < 0)
+        goto done;
+    if (PyObject_CheckBuffer(outo) && nb_float_size(outo, "igemm: out") == 4)
+        out_f32 = 1;
+    PyErr_Clear();
+    if (nb_get(outo, &out, out_f32 ? 'f' : 'i', 4, j.m * j.n, 1, 0, "igemm: out") < 0 ||
+        nb_get(sco, &sc, 'f', 4, 1, 0, 1, "igemm: scale") < 0 ||
+        nb_get(bio, &bi, 'f', 4, j.n, 0, 1, "igemm: bias") < 0)
+        goto done;
+    if (sc.held && sc.view.len / 4 != 1 && sc.view.len / 4 != j.n) {
+        PyErr_Format(PyExc_ValueError, "igemm: scale holds %zd values, expected 1 or %zd", sc.view.len / 4, j.n);
+        goto done;
+    }
+    j.scale_one = sc.held && sc.view.len / 4 == 1;
+    if (!out_f32 && (sc.held || bi.held)) {
+        PyErr_SetString(PyExc_ValueError, "igemm: a scale or bias needs float32 output");
+        goto done;
+    }
+    colterm = PyMem_RawMalloc((size_t)j.npad * sizeof(int32_t));
+    if (!colterm) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    const int32_t *zbv = zb.view.buf, *csv = cs.view.buf;
+    for (Py_ssize_t c = 0; c < j.npad; c++)
+        colterm[c] = (int32_t)((uint32_t)j.k * (uint32_t)j.za * (uint32_t)zbv[c] - (uint32_t)j.za * (uint32_t)csv[c]);
+    j.a = a.view.buf;
+    j.b = p.view.buf;
+    j.zb = zbv;
+    j.colterm = colterm;
+    j.scale = sc.held ? sc.view.buf : NULL;
+    j.bias = bi.held ? bi.view.buf : NULL;
+    j.out = out.view.buf;
+    j.out_f32 = out_f32;
+    if (j.m == 0) {
+        ok = 1;
+        goto done;
+    }
+    /* tasks: blocks of 64 rows; where that leaves fewer than two tasks a thread, the
+     * columns are split as well (in whole pairs of panels) */
+    if (threads < 1)
+        threads = 1;
+    j.row_block = 64;
+    Py_ssize_t row_tasks = (j.m + j.row_block - 1) / j.row_block;
+    if (row_tasks < threads && j.m > MR) {
+        j.row_block = ((j.m + threads - 1) / threads + MR - 1) / MR * MR;
+        row_tasks = (j.m + j.row_block - 1) / j.row_block;
+    }
+    Py_ssize_t pairs = j.npad / NR, want = row_tasks >= 2 * threads ? 1 : (2 * threads + row_tasks - 1) / row_tasks;
+    /* a column block of at least 4 pairs, so that the rows' quantization is repeated
+     * for at most a small part of the work */
+    Py_ssize_t col_tasks = want < pairs / 4 ? want : (pairs / 4 > 1 ? pairs / 4 : 1);
+    j.col_block = (pairs + col_tasks - 1) / col_tasks * NR;
+    j.col_tasks = (j.npad + j.col_block - 1) / j.col_block;
+#if IG_BUILT
+    Py_BEGIN_ALLOW_THREADS
+    pool_run(ig_task, &j, row_tasks * j.col_tasks, threads);
+    Py_END_ALLOW_THREADS
+#endif
+    if (j.failed)
+        PyErr_NoMemory();
+    else
+        ok = 1;
+done:
+    PyMem_RawFree(colterm);
+    nb_release(&a);
+    nb_release(&p);
+    nb_release(&zb);
+    nb_release(&cs);
+    nb_release(&sc);
+    nb_release(&bi);
+    nb_release(&out);
+    if (!ok)
+        return NULL;
+    return PyBool_FromLong(!j.nan);
+}
+
+PyMethodDef igemm_methods[] = {
+    {"igemm_ready", igemm_ready, METH_NOARGS, igemm_ready_doc},
+    {"igemm", igemm, METH_VARARGS, igemm_doc},
+    {NULL, NULL, 0, NULL},
+};
