@@ -6,8 +6,9 @@
   and column splits of the work.
 - Float A quantized in the kernel (DynamicQuantizeMatMul) gives bit for bit what the
   numpy path gives, and what onnxruntime gives; a NaN falls back to the numpy path.
-- MatMulInteger, MatMulIntegerToFloat and DynamicQuantizeMatMul sessions agree with
-  onnxruntime and with the numpy paths.
+- MatMulInteger, MatMulIntegerToFloat, DynamicQuantizeMatMul, QAttention and the
+  fused DynamicQuantizeLinear + QAttention sessions agree with onnxruntime and with
+  the numpy paths.
 - Arguments the kernel does not take are refused (None) or raise typed errors.
 """
 
@@ -255,6 +256,44 @@ def test_matmul_integer_to_float_matches_onnxruntime_and_the_numpy_path(numpy_ke
     np.testing.assert_allclose(got, ref.run(None, {"a": a})[0], rtol=1e-5, atol=1e-5)
     with numpy_kernels_later():
         np.testing.assert_array_equal(got, ours.run(None, {"a": a})[0])
+
+
+def _attention_model(dynamic, w, w_scale, w_zp, bias, heads):
+    inits = [numpy_helper.from_array(w, "w"), numpy_helper.from_array(bias, "bias"),
+             numpy_helper.from_array(w_scale, "ws"), numpy_helper.from_array(w_zp, "wz")]
+    nodes = []
+    if dynamic:  # what quantize_dynamic writes; onnxrt fuses the pair into one op
+        nodes.append(helper.make_node("DynamicQuantizeLinear", ["x"], ["xq", "xs", "xz"]))
+        x_type = TensorProto.FLOAT
+    else:
+        inits += [numpy_helper.from_array(np.array(0.03, np.float32), "xs"),
+                  numpy_helper.from_array(np.array(121, np.uint8), "xz")]
+        x_type = TensorProto.UINT8
+    nodes.append(helper.make_node("QAttention", ["xq" if dynamic else "x", "w", "bias", "xs", "ws", "", "xz", "wz"],
+                                  ["y"], domain="com.microsoft", num_heads=heads))
+    return _model(nodes, [helper.make_tensor_value_info("x", x_type, None)], inits)
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+@pytest.mark.parametrize("per_column", [False, True])
+def test_quantized_attention_matches_onnxruntime_and_the_numpy_path(dynamic, per_column, numpy_kernels_later,
+                                                                     int8_calls):
+    rng = np.random.default_rng(13)
+    hidden, heads = 48, 4
+    w = _rand8(rng, np.uint8, (hidden, 3 * hidden))
+    shape = (3 * hidden,) if per_column else ()
+    w_scale = (rng.random(shape) * 0.01 + 0.002).astype(np.float32)
+    w_zp = _rand8(rng, np.uint8, shape)
+    bias = rng.standard_normal(3 * hidden).astype(np.float32)
+    ours, ref = _sessions(_attention_model(dynamic, w, w_scale, w_zp, bias, heads))
+    x = (rng.standard_normal((2, 9, hidden)) * 1.5).astype(np.float32) if dynamic else \
+        _rand8(rng, np.uint8, (2, 9, hidden))
+    got = ours.run(None, {"x": x})[0]
+    assert int8_calls == [(2, 9, 3 * hidden)]
+    np.testing.assert_allclose(got, ref.run(None, {"x": x})[0], rtol=1e-4, atol=1e-5)
+    with numpy_kernels_later():
+        # the projections are bit for bit; the attention after them is the numpy one
+        np.testing.assert_allclose(got, ours.run(None, {"x": x})[0], rtol=1e-6, atol=1e-6)
 
 
 @pytest.fixture

@@ -801,6 +801,106 @@ def _run_all(model, feeds, threads=1):
 
 
 @needs_native
+@pytest.mark.parametrize("form, outs", [("plain", 1), ("plain", 3), ("plain 2 axes", 3), ("skip", 1),
+                                        ("skip bias", 4), ("skip bias", 2), ("skip no beta", 3)])
+@pytest.mark.parametrize("h", [7, 40, 100, 768])
+def test_layer_normalizations_match_onnxruntime_and_the_numpy_path(form, outs, h, request, monkeypatch):
+    rng = np.random.default_rng(h)
+    shape = (3, 5, h)
+    # an offset far from zero: the variance is taken about the mean, not as E[x^2] - mean^2
+    feeds = {"x": (rng.standard_normal(shape) * 3 + 40).astype(np.float32)}
+    g, b = rng.standard_normal(h).astype(np.float32), rng.standard_normal(h).astype(np.float32)
+    if form.startswith("plain"):
+        axis = 1 if form == "plain 2 axes" else -1
+        if axis == 1:
+            g, b = rng.standard_normal(shape[1:]).astype(np.float32), rng.standard_normal(shape[1:]).astype(np.float32)
+        inits = [numpy_helper.from_array(g, "g"), numpy_helper.from_array(b, "b")]
+        out_names = ["y", "mean", "inv"][:outs]
+        node = helper.make_node("LayerNormalization", ["x", "g", "b"], out_names, axis=axis, epsilon=1e-5)
+    else:
+        feeds["s"] = rng.standard_normal(shape).astype(np.float32)
+        inits = [numpy_helper.from_array(g, "g")]
+        names = ["x", "s", "g"]
+        if form != "skip no beta":
+            inits.append(numpy_helper.from_array(b, "b"))
+            names.append("b")
+        if form == "skip bias":
+            inits.append(numpy_helper.from_array(rng.standard_normal(h).astype(np.float32), "bias"))
+            names.append("bias")
+        out_names = ["y", "mean", "inv", "sum"][:outs]
+        node = helper.make_node("SkipLayerNormalization", names, out_names, domain="com.microsoft", epsilon=1e-6)
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info(k, TensorProto.FLOAT, list(shape))
+                                            for k in feeds],
+                              [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in out_names], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                    helper.make_opsetid("com.microsoft", 1)],
+                              ir_version=8).SerializeToString()
+    counting = _Counting(native.K)
+    monkeypatch.setattr(native, "K", counting)
+    got = [_run_all(model, feeds, t) for t in (1, 2)]
+    assert counting.calls == {"row_norm": 2}
+    want = rt.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, feeds)
+    for gt in got:
+        assert [a.shape for a in gt] == [w.shape for w in want]
+        for a, w in zip(gt, want):
+            np.testing.assert_allclose(a, w, rtol=1e-4, atol=1e-4)
+    # the float64 reference: the compiled kernel's sums are as close as float32 allows
+    s = feeds["x"].astype(np.float64) + (feeds["s"] if "s" in feeds else 0)
+    if form == "skip bias":
+        s += numpy_helper.to_array(inits[-1])
+    rows = s.reshape(shape[0], -1) if form == "plain 2 axes" else s
+    centred = rows - rows.mean(-1, keepdims=True)
+    exact = centred / np.sqrt((centred ** 2).mean(-1, keepdims=True) + helper.get_node_attr_value(node, "epsilon"))
+    exact = exact.reshape(shape) * (g if form == "plain 2 axes" else g.astype(np.float64))
+    if form != "skip no beta":
+        exact += b
+    np.testing.assert_allclose(got[0][0], exact, rtol=1e-5, atol=1e-5)
+    # the numpy path takes its row sums by a BLAS product, a few float32 roundings
+    # further from the float64 reference (2.7e-5 at 3840 values about 40)
+    request.getfixturevalue("numpy_kernels")
+    for a, w in zip(got[0], _run_all(model, feeds)):
+        np.testing.assert_allclose(a, w, rtol=1e-4, atol=1e-4)
+
+
+@needs_native
+def test_float_range_is_numpys_min_and_max():
+    rng = np.random.default_rng(2)
+    for n in (1, 5, 31, 32, 33, 64, 65, 1000, 8195):
+        x = (rng.standard_normal(n) * 10.0 ** rng.integers(-30, 30)).astype(np.float32)
+        assert native.float_range(x) == (float(x.min()), float(x.max())), n
+        x[rng.integers(n)] = np.nan
+        lo, hi = native.float_range(x)
+        assert np.isnan(lo) and np.isnan(hi), n
+    x = np.array([1.0, -np.inf, 3.0] * 20, np.float32)
+    assert native.float_range(x) == (-np.inf, 3.0)
+    assert native.float_range(np.array([np.inf] * 40, np.float32)) == (np.inf, np.inf)
+    assert native.float_range(np.zeros((3, 4), np.float32)[:, ::2]) is None  # not contiguous
+    assert native.float_range(np.zeros(0, np.float32)) is None
+    with pytest.raises(TypeError, match="float_range: x"):
+        native.K.float_range(np.zeros(4, np.float64))
+    with pytest.raises(ValueError, match="float_range: x"):
+        native.K.float_range(np.zeros(0, np.float32))
+
+
+@needs_native
+def test_row_norm_refuses_what_it_cannot_take():
+    x = np.ones((4, 8), np.float32)
+    g = np.ones(8, np.float32)
+    assert native.layer_norm(x.astype(np.float64), g, None, 1e-5) is None
+    assert native.layer_norm(x, np.ones(7, np.float32), None, 1e-5) is None
+    assert native.layer_norm(x, g, np.ones(7, np.float32), 1e-5) is None
+    assert native.layer_norm(x, g, None, 1e-5, skip=np.ones((1, 8), np.float32)) is None  # broadcast skip
+    assert native.layer_norm(x[:, ::2], g[:4], None, 1e-5) is None  # not contiguous
+    y = np.empty_like(x)
+    with pytest.raises(ValueError, match="not rows of 3"):
+        native.K.row_norm(x, None, None, np.ones(3, np.float32), None, y, None, None, None, 1e-5, True, 1)
+    with pytest.raises(ValueError, match="a bias needs a skip"):
+        native.K.row_norm(x, None, g, g, None, y, None, None, None, 1e-5, True, 1)
+    with pytest.raises(TypeError, match="row_norm: beta"):
+        native.K.row_norm(x, None, None, g, g.astype(np.float64), y, None, None, None, 1e-5, True, 1)
+
+
+@needs_native
 def test_group_query_attention_kernel_refuses_positions_outside_its_buffers():
     b, s, n, nkv, h, cache = 1, 1, 2, 1, 4, 4
     q = np.zeros((b, s, n * h), np.float32)
@@ -846,7 +946,7 @@ def test_rms_normalizations_match_onnxruntime_and_the_numpy_path(skip, bias, out
     counting = _Counting(native.K)
     monkeypatch.setattr(native, "K", counting)
     got = [_run_all(model, feeds, t) for t in (1, 2)]
-    assert counting.calls == {"rms_norm": 2}
+    assert counting.calls == {"row_norm": 2}
     want = rt.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, feeds)
     for g in got:
         for a, b, name in zip(g, want, out_names):

@@ -234,6 +234,11 @@ def _cast(x: np.ndarray, to: np.dtype, saturate: bool, round_mode: str):
     if src == to and not (saturate and to.name == "float8_e5m2"):
         # e5m2 is the one float8 type with infinities, which saturation clamps
         return x.copy()
+    if src.kind in "biu" and (to.kind in "biu" or to.kind == "f" and to.itemsize >= 4) and to not in _EXOTIC:
+        # integers and booleans convert to these without the warnings the error state
+        # silences (float16 can overflow); the state costs more than a small Cast (a
+        # mask's int64 -> float32 at 8 x 32)
+        return x.astype(to)
     with np.errstate(invalid="ignore", over="ignore"):
         if to == _E8M0:
             return _to_e8m0(_astype(x, _F32) if src != _F32 else x, saturate, round_mode)

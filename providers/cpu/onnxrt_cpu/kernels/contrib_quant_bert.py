@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from .. import native
 from ..registry import op
-from .contrib_quant import _center_b, _check_q, _col_param, _dynamic_centred, _scalar, _zp
+from .contrib_quant import _center_b, _check_q, _col_param, _dynamic_centred, _int8_product, _scalar, _zp
 from .contrib_transformer import Attention, EmbedLayerNormalization, _no_rotary
-from .quantize import _center, absmax, centred_bound, column_l1, int_matmul_f32
+from .quantize import _center, absmax, centred_bound, column_l1, dynamic_range, int_matmul_f32
 
 __all__ = ["DynamicQuantizeAttention", "QAttention", "QEmbedLayerNormalization"]
 
@@ -33,6 +34,10 @@ class QAttention(Attention):
             self.w_packed = _center_b(c[1], c.get(7) if has_zp else None)
             self.w_max = absmax(self.w_packed)
             self.w_l1 = column_l1(self.w_packed)
+        # the weight packed for the compiled 8-bit products, where this CPU has them
+        self.w8 = None
+        if 1 in c and (not has_zp or 7 in c) and c[1].ndim == 2:
+            self.w8 = native.pack_int8_weights(c[1], c.get(7) if has_zp else None)
         # a constant weight scale converted once (the same array comes back every run)
         self.w_scale = None
         if 1 in c and 4 in c and c[1].ndim == 2:
@@ -56,6 +61,12 @@ class QAttention(Attention):
         desc = self.node.describe()
         _check_q(x, f"{desc}: input")
         hq, hk = self.split_sizes(x, weight)
+        if self.w8 is not None and (input_zero_point is None or input_zero_point.size == 1):
+            a_scale = _scalar(input_scale, "input_scale")
+            qkv = _int8_product(self.w8, x, int(_zp(input_zero_point, x.dtype)), None,
+                                a_scale * self._weight_scale(weight_scale), None)
+            if qkv is not None:
+                return self.attend(qkv, hq, hk, bias, mask_index, past, None, _F32)
         W = (
             self.w_packed
             if self.w_packed is not None
@@ -70,13 +81,15 @@ class QAttention(Attention):
         a_bound``) and its scale: the exact integer product, scaled, then attended."""
         wmax, wl1 = (self.w_max, self.w_l1) if self.w_packed is not None else (None, None)
         qkv = int_matmul_f32(A, W, a_bound, wmax, wl1)
+        qkv *= a_scale * self._weight_scale(weight_scale, W.shape[1])
+        return self.attend(qkv, hq, hk, bias, mask_index, past, None, _F32)
+
+    def _weight_scale(self, weight_scale, columns=None):
+        """The weight scale as float32, one value or one a column."""
         cached = self.w_scale
         if cached is not None and cached[0] is weight_scale:
-            ws = cached[1]
-        else:
-            ws = _col_param(weight_scale, W.shape[1], "weight_scale").astype(_F32)
-        qkv *= a_scale * ws
-        return self.attend(qkv, hq, hk, bias, mask_index, past, None, _F32)
+            return cached[1]
+        return _col_param(weight_scale, self.w8.n if columns is None else columns, "weight_scale").astype(_F32)
 
 
 @op("DynamicQuantizeAttention", since=1, domain="ai.onnxrt", accepts=_no_rotary)
@@ -97,6 +110,12 @@ class DynamicQuantizeAttention(QAttention):
         if weight_scale is None:
             raise ValueError(f"{desc}: weight_scale is required")
         hq, hk = self.split_sizes(x, weight)
+        if self.w8 is not None:
+            # quantized inside the compiled product, bit for bit as below
+            _, sa, za, _ = dynamic_range(x)
+            qkv = _int8_product(self.w8, x, int(za), sa, sa * self._weight_scale(weight_scale), None)
+            if qkv is not None:
+                return self.attend(qkv, hq, hk, bias, mask_index, past, None, _F32)
         W = self.w_packed if self.w_packed is not None else _center_b(weight, weight_zero_point)
         # q - zero point of DynamicQuantizeLinear's uint8 result, exactly
         A, scale, zp = _dynamic_centred(x)

@@ -113,6 +113,11 @@ def _check_vec(p, h, what, name):
 
 def _layer_norm(v, gamma, beta, eps, simplified):
     """Normalize the last axis; returns ``(y, mean, inv_std)`` (keepdims)."""
+    if not simplified and gamma is not None:
+        done = native.layer_norm(v, gamma, beta, eps, want_stats=True)
+        if done is not None:
+            stat = v.shape[:-1] + (1,)
+            return done[0], done[2].reshape(stat), done[3].reshape(stat)
     if simplified:
         mean = None
         ms = row_mean(v * v)
@@ -155,19 +160,25 @@ class _SkipNorm(Kernel):
         g = _check_vec(gamma, h, "gamma", name)
         b = _check_vec(beta, h, "beta", name)
         bb = _check_vec(bias, h, "bias", name)
+        # the compiled kernel: the sum, its statistics and the scaled row a row at a time
         if self.simplified:
-            # the compiled kernel: the sum, its RMS and the scaled row in one pass a row
             done = native.rms_norm(x, g, self.eps, skip=skip, bias=bb, want_sum=self.n_out > 3,
                                    want_inv=self.n_out > 2)
             if done is not None:
-                y, s, inv = done
-                stat = x.shape[:-1] + (1,)
-                outs = [y, np.zeros(stat, _F32)]
-                if self.n_out > 2:
-                    outs.append(inv.reshape(stat))
-                if self.n_out > 3:
-                    outs.append(s)
-                return tuple(outs[: self.n_out])
+                done = (done[0], done[1], None, done[2])
+        else:
+            done = native.layer_norm(x, g, b, self.eps, skip=skip, bias=bb, want_sum=self.n_out > 3,
+                                     want_stats=self.n_out > 1)
+        if done is not None:
+            y, s, mean, inv = done
+            stat = x.shape[:-1] + (1,)
+            # the simplified form has no mean: zeros in its place, as onnxruntime gives
+            outs = [y, np.zeros(stat, _F32) if mean is None else mean.reshape(stat)]
+            if self.n_out > 2:
+                outs.append(inv.reshape(stat))
+            if self.n_out > 3:
+                outs.append(s)
+            return tuple(outs[: self.n_out])
         s = _work(x) + _work(skip)
         if bb is not None:
             s += bb

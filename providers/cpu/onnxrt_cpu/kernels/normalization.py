@@ -181,6 +181,9 @@ class LayerNormalization(Kernel):
 
     def run(self, x, scale, b=None):
         axis = _norm_axis(self.axis, x.ndim)
+        done = self._compiled(x, scale, b, axis)
+        if done is not None:
+            return done
         cdt = _stash_dtype(self.stash, x.dtype)
         lead = x.shape[:axis]
         rows = math.prod(lead)
@@ -199,6 +202,31 @@ class LayerNormalization(Kernel):
         udt = np.dtype(np_dtype(self.stash)) if self.stash else np.dtype(np.float32)
         st_shape = lead + (1,) * (x.ndim - axis)
         return (y, mean.reshape(st_shape).astype(udt), inv.reshape(st_shape).astype(udt))[: self.n_out]
+
+    def _compiled(self, x, scale, b, axis):
+        """The compiled kernel's result for float32 statistics of float32 rows, where
+        ``scale`` and ``b`` hold one value a normalized position; else None."""
+        if x.dtype != np.float32 or self.stash not in (0, 1) or x.ndim == 0:
+            return None
+        tail = x.shape[axis:]
+        h = math.prod(tail)
+        params = []
+        for p in (scale, b):
+            # broadcasting that repeats a parameter along a normalized axis is the numpy path's
+            if p is not None and (p.dtype != np.float32 or p.ndim > len(tail) or p.shape != tail[len(tail) - p.ndim:]
+                                  or p.size != h):
+                return None
+            params.append(None if p is None else np.ascontiguousarray(p).reshape(h))
+        if h == 0 or not x.flags.c_contiguous:
+            return None
+        done = native.layer_norm(x.reshape(-1, h), params[0], params[1], self.eps, want_stats=self.n_out > 1)
+        if done is None:
+            return None
+        y = done[0].reshape(x.shape)
+        if self.n_out == 1:
+            return (y,)
+        st_shape = x.shape[:axis] + (1,) * (x.ndim - axis)
+        return (y, done[2].reshape(st_shape), done[3].reshape(st_shape))[: self.n_out]
 
 
 @op("GroupNormalization", since=18)

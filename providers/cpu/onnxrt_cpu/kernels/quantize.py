@@ -251,7 +251,8 @@ def dynamic_range(x: np.ndarray):
     if x.size == 0:
         # the range of no values taken as [0, 0], as onnxruntime does: scale 1, zero point 0
         return xf, np.float32(1), np.float32(0), False
-    top, bottom = float(xf.max()), float(xf.min())
+    extremes = native.float_range(xf)
+    bottom, top = extremes if extremes is not None else (float(xf.min()), float(xf.max()))
     # Python floats with each result rounded to float32: a single +, - or / of two
     # float32 values done in double and rounded to float32 is the float32 operation's
     # own result (53 >= 2 * 24 + 2 bits), and a Python scalar costs a fraction of a

@@ -28,7 +28,7 @@ import numpy as np
 from onnxrt.threads import current_thread_count
 
 __all__ = ["K", "BLAS", "RELU", "CLIP", "SIGMOID", "SWISH", "GELU", "Int8Weights", "kernels", "blas_ready",
-           "channel_affine", "int8_blocks", "int8_matmul", "pack_int8_weights", "rms_norm", "status", "unary"]
+           "channel_affine", "float_range", "int8_blocks", "int8_matmul", "layer_norm", "pack_int8_weights", "rms_norm", "status", "unary"]
 
 _module: ModuleType | None = None
 _reason: str | None = None
@@ -229,19 +229,47 @@ def rms_norm(x, gamma, eps: float, skip=None, bias=None, want_sum: bool = False,
     (``inv`` shaped ``x.shape[:-1]``), or None where it does not take the arrays (not
     loaded; not C-contiguous float32; ``skip`` not ``x``'s shape; ``gamma``/``bias``
     not ``[h]``)."""
+    done = _row_norm(x, gamma, None, eps, skip, bias, want_sum, False, want_inv, center=False)
+    return None if done is None else (done[0], done[1], done[3])
+
+
+def layer_norm(x, gamma, beta, eps: float, skip=None, bias=None, want_sum: bool = False,
+               want_stats: bool = False):
+    """Layer normalization over the last axis of ``x`` (LayerNormalization,
+    SkipLayerNormalization, EmbedLayerNormalization) by the compiled kernel: ``s = x +
+    skip + bias``, ``y = (s - mean(s)) / sqrt(var(s) + eps) * gamma + beta``. Returns
+    ``(y, s or None, mean or None, inv or None)`` (the statistics shaped
+    ``x.shape[:-1]``, given with ``want_stats``), or None where it does not take the
+    arrays (as :func:`rms_norm`; ``beta`` ``[h]`` or None)."""
+    return _row_norm(x, gamma, beta, eps, skip, bias, want_sum, want_stats, want_stats, center=True)
+
+
+def _row_norm(x, gamma, beta, eps, skip, bias, want_sum, want_mean, want_inv, center):
     k = K
     if k is None or not _f32_rows(x) or x.size == 0:
         return None
     h = x.shape[-1]
     if not _f32_rows(gamma) or gamma.shape != (h,) or (skip is not None and (not _f32_rows(skip) or
                                                                              skip.shape != x.shape)) \
-            or (bias is not None and (not _f32_rows(bias) or bias.shape != (h,) or skip is None)):
+            or (bias is not None and (not _f32_rows(bias) or bias.shape != (h,) or skip is None)) \
+            or (beta is not None and (not _f32_rows(beta) or beta.shape != (h,))):
         return None
     y = np.empty_like(x)
     s = np.empty_like(x) if want_sum and skip is not None else None
+    mean = np.empty(x.shape[:-1], np.float32) if want_mean else None
     inv = np.empty(x.shape[:-1], np.float32) if want_inv else None
-    k.rms_norm(x, skip, bias, gamma, y, s, inv, float(eps), current_thread_count())
-    return y, (x if want_sum and skip is None else s), inv
+    k.row_norm(x, skip, bias, gamma, beta, y, s, mean, inv, float(eps), center, current_thread_count())
+    return y, (x if want_sum and skip is None else s), mean, inv
+
+
+def float_range(x) -> tuple[float, float] | None:
+    """``(x.min(), x.max())`` of a C-contiguous float32 array of at least one value, as
+    Python floats, in one compiled pass (both NaN where ``x`` holds a NaN); None where
+    the kernels are not loaded or ``x`` is not such an array."""
+    k = K
+    if k is None or not _f32_rows(x) or x.size == 0:
+        return None
+    return k.float_range(x)
 
 
 def int8_blocks(a, block: int):

@@ -258,18 +258,85 @@ done:
     Py_RETURN_NONE;
 }
 
-/* ---- RMS normalization (Simplified / SkipSimplified LayerNormalization) ----------- */
+/* ---- Row normalizations: LayerNormalization and RMS normalization, with or without a
+ * skip (Skip[Simplified]LayerNormalization, EmbedLayerNormalization's sum) ------------ */
 
 typedef struct {
-    const float *x, *skip, *bias, *gamma;
-    float *y, *sum, *inv;
+    const float *x, *skip, *bias, *gamma, *beta;
+    float *y, *sum, *mean, *inv;
     Py_ssize_t rows, h, per;
     float eps;
-} rms_job;
+    int center; /* subtract the mean (LayerNormalization) or not (RMS) */
+} norm_job;
 
-/* One row: s = x (+ skip + bias), ms = mean(s^2) (eight float32 partial sums), inv =
- * 1 / sqrt(ms + eps), y = (s * inv) * gamma, as the numpy path orders it. */
-NATIVE_CLONES static void rms_row(const rms_job *j, Py_ssize_t r)
+/* The sum of v[0..h) and of (v - shift)^2 over sixteen float32 partial sums, then the
+ * rest. GCC does not vectorize the lanes of a plain array here (it may not reorder a
+ * float sum), so the lanes are a generic vector: one AVX-512 register, two AVX ones or
+ * four SSE ones, whichever the clone targets. */
+typedef float f32x16 __attribute__((vector_size(64)));
+
+/* sixteen floats read at any float's alignment (a cast, not a function: a function
+ * returning a 512-bit vector has an ABI of its own in the clones without AVX-512) */
+typedef float f32x16u __attribute__((vector_size(64), aligned(4), may_alias));
+#define load16(p) (*(const f32x16u *)(p))
+
+typedef float f32x8 __attribute__((vector_size(32)));
+typedef float f32x4 __attribute__((vector_size(16)));
+
+/* The lanes added as a tree, halves onto halves: four dependent adds, not fifteen. */
+static inline __attribute__((always_inline)) float lanes_total(f32x16 part)
+{
+    const f32x8 a = __builtin_shufflevector(part, part, 0, 1, 2, 3, 4, 5, 6, 7) +
+                    __builtin_shufflevector(part, part, 8, 9, 10, 11, 12, 13, 14, 15);
+    const f32x4 b = __builtin_shufflevector(a, a, 0, 1, 2, 3) + __builtin_shufflevector(a, a, 4, 5, 6, 7);
+    return (b[0] + b[2]) + (b[1] + b[3]);
+}
+
+static inline __attribute__((always_inline)) float row_sum16(const float *restrict v, Py_ssize_t h)
+{
+    /* two chains of vector adds, so that one's latency hides behind the other's */
+    f32x16 p0 = {0}, p1 = {0};
+    Py_ssize_t i = 0;
+    for (; i + 32 <= h; i += 32) {
+        p0 += load16(v + i);
+        p1 += load16(v + i + 16);
+    }
+    if (i + 16 <= h) {
+        p0 += load16(v + i);
+        i += 16;
+    }
+    float t = lanes_total(p0 + p1);
+    for (; i < h; i++)
+        t += v[i];
+    return t;
+}
+
+static inline __attribute__((always_inline)) float row_sq16(const float *restrict v, Py_ssize_t h, float shift)
+{
+    f32x16 p0 = {0}, p1 = {0};
+    Py_ssize_t i = 0;
+    for (; i + 32 <= h; i += 32) {
+        const f32x16 d0 = load16(v + i) - shift, d1 = load16(v + i + 16) - shift;
+        p0 += d0 * d0;
+        p1 += d1 * d1;
+    }
+    if (i + 16 <= h) {
+        const f32x16 d = load16(v + i) - shift;
+        p0 += d * d;
+        i += 16;
+    }
+    float t = lanes_total(p0 + p1);
+    for (; i < h; i++) {
+        const float d = v[i] - shift;
+        t += d * d;
+    }
+    return t;
+}
+
+/* One row: s = x (+ skip + bias); mean = sum(s) / h where centred (else 0); var =
+ * mean((s - mean)^2); inv = 1 / sqrt(var + eps); y = ((s - mean) * inv) * gamma (+
+ * beta), each step in the numpy path's order. */
+NATIVE_CLONES static void norm_row(const norm_job *j, Py_ssize_t r)
 {
     const Py_ssize_t h = j->h;
     const float *restrict x = j->x + r * h;
@@ -286,82 +353,86 @@ NATIVE_CLONES static void rms_row(const rms_job *j, Py_ssize_t r)
     } else {
         s = (float *)x; /* read only: y is written from it below */
     }
-    float part[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    Py_ssize_t i = 0;
-    for (; i + 8 <= h; i += 8)
-        for (int l = 0; l < 8; l++)
-            part[l] += s[i + l] * s[i + l];
-    float ms = 0.0f;
-    for (int l = 0; l < 8; l++)
-        ms += part[l];
-    for (; i < h; i++)
-        ms += s[i] * s[i];
-    ms /= (float)h;
-    const float inv = 1.0f / sqrtf(ms + j->eps);
+    const float mean = j->center ? row_sum16(s, h) * (1.0f / (float)h) : 0.0f;
+    const float var = row_sq16(s, h, mean) * (1.0f / (float)h);
+    const float inv = 1.0f / sqrtf(var + j->eps);
+    if (j->mean)
+        j->mean[r] = mean;
     if (j->inv)
         j->inv[r] = inv;
-    for (Py_ssize_t c = 0; c < h; c++)
-        y[c] = (s[c] * inv) * j->gamma[c];
+    if (j->beta)
+        for (Py_ssize_t c = 0; c < h; c++)
+            y[c] = ((s[c] - mean) * inv) * j->gamma[c] + j->beta[c];
+    else
+        for (Py_ssize_t c = 0; c < h; c++)
+            y[c] = ((s[c] - mean) * inv) * j->gamma[c];
 }
 
-static void rms_task(void *arg, Py_ssize_t t)
+static void norm_task(void *arg, Py_ssize_t t)
 {
-    rms_job *j = arg;
+    norm_job *j = arg;
     Py_ssize_t r1 = (t + 1) * j->per < j->rows ? (t + 1) * j->per : j->rows;
     for (Py_ssize_t r = t * j->per; r < r1; r++)
-        rms_row(j, r);
+        norm_row(j, r);
 }
 
-PyDoc_STRVAR(rms_norm_doc,
-"rms_norm(x, skip, bias, gamma, y, sum, inv, eps, threads)\n\n"
-"RMS normalization of the rows of x [rows, h] (float32): s = x + skip + bias (skip\n"
-"[rows, h] and bias [h] each or None), y = s / sqrt(mean(s^2) + eps) * gamma; sum\n"
-"(receives s, [rows, h]) and inv (receives 1 / sqrt(mean + eps), [rows]) each or\n"
-"None. Runs on up to threads threads, without the GIL.");
+PyDoc_STRVAR(row_norm_doc,
+"row_norm(x, skip, bias, gamma, beta, y, sum, mean, inv, eps, center, threads)\n\n"
+"Normalization of the rows of x [rows, h] (float32): s = x + skip + bias (skip\n"
+"[rows, h] and bias [h] each or None); where center, m = mean(s), else m = 0;\n"
+"y = (s - m) / sqrt(mean((s - m)^2) + eps) * gamma + beta (beta [h] or None). sum\n"
+"(receives s, [rows, h]), mean (receives m, [rows]) and inv (receives 1 / sqrt(...),\n"
+"[rows]) each or None. Runs on up to threads threads, without the GIL.");
 
-static PyObject *rms_norm(PyObject *self, PyObject *args)
+static PyObject *row_norm(PyObject *self, PyObject *args)
 {
-    PyObject *xo, *ko, *bo, *go, *yo, *so, *io;
+    PyObject *xo, *ko, *bo, *go, *beo, *yo, *so, *mo, *io;
     double eps;
-    int threads;
-    if (!PyArg_ParseTuple(args, "OOOOOOOdi:rms_norm", &xo, &ko, &bo, &go, &yo, &so, &io, &eps, &threads))
+    int center, threads;
+    if (!PyArg_ParseTuple(args, "OOOOOOOOOdpi:row_norm", &xo, &ko, &bo, &go, &beo, &yo, &so, &mo, &io, &eps,
+                          &center, &threads))
         return NULL;
-    nbuf x, k, b, g, y, sm, iv;
-    x.held = k.held = b.held = g.held = y.held = sm.held = iv.held = 0;
-    rms_job j;
+    nbuf x, k, b, g, be, y, sm, mn, iv;
+    x.held = k.held = b.held = g.held = be.held = y.held = sm.held = mn.held = iv.held = 0;
+    norm_job j;
     memset(&j, 0, sizeof(j));
     j.eps = (float)eps;
-    if (nb_get(go, &g, 'f', 4, 1, 0, 0, "rms_norm: gamma") < 0)
+    j.center = center;
+    if (nb_get(go, &g, 'f', 4, 1, 0, 0, "row_norm: gamma") < 0)
         goto done;
     j.h = g.view.len / 4;
-    if (nb_get(xo, &x, 'f', 4, j.h, 0, 0, "rms_norm: x") < 0)
+    if (nb_get(xo, &x, 'f', 4, j.h, 0, 0, "row_norm: x") < 0)
         goto done;
     if (x.view.len / 4 % j.h) {
-        PyErr_Format(PyExc_ValueError, "rms_norm: x holds %zd values, not rows of %zd", x.view.len / 4, j.h);
+        PyErr_Format(PyExc_ValueError, "row_norm: x holds %zd values, not rows of %zd", x.view.len / 4, j.h);
         goto done;
     }
     j.rows = x.view.len / 4 / j.h;
-    if (nb_get(ko, &k, 'f', 4, j.rows * j.h, 0, 1, "rms_norm: skip") < 0 ||
-        nb_get(bo, &b, 'f', 4, j.h, 0, 1, "rms_norm: bias") < 0 ||
-        nb_get(yo, &y, 'f', 4, j.rows * j.h, 1, 0, "rms_norm: y") < 0 ||
-        nb_get(so, &sm, 'f', 4, j.rows * j.h, 1, 1, "rms_norm: sum") < 0 ||
-        nb_get(io, &iv, 'f', 4, j.rows, 1, 1, "rms_norm: inv") < 0)
+    if (nb_get(ko, &k, 'f', 4, j.rows * j.h, 0, 1, "row_norm: skip") < 0 ||
+        nb_get(bo, &b, 'f', 4, j.h, 0, 1, "row_norm: bias") < 0 ||
+        nb_get(beo, &be, 'f', 4, j.h, 0, 1, "row_norm: beta") < 0 ||
+        nb_get(yo, &y, 'f', 4, j.rows * j.h, 1, 0, "row_norm: y") < 0 ||
+        nb_get(so, &sm, 'f', 4, j.rows * j.h, 1, 1, "row_norm: sum") < 0 ||
+        nb_get(mo, &mn, 'f', 4, j.rows, 1, 1, "row_norm: mean") < 0 ||
+        nb_get(io, &iv, 'f', 4, j.rows, 1, 1, "row_norm: inv") < 0)
         goto done;
     if (b.held && !k.held) {
-        PyErr_SetString(PyExc_ValueError, "rms_norm: a bias needs a skip");
+        PyErr_SetString(PyExc_ValueError, "row_norm: a bias needs a skip");
         goto done;
     }
     j.x = x.view.buf;
     j.skip = k.held ? k.view.buf : NULL;
     j.bias = b.held ? b.view.buf : NULL;
     j.gamma = g.view.buf;
+    j.beta = be.held ? be.view.buf : NULL;
     j.y = y.view.buf;
     j.sum = sm.held ? sm.view.buf : NULL;
+    j.mean = mn.held ? mn.view.buf : NULL;
     j.inv = iv.held ? iv.view.buf : NULL;
     j.per = j.h >= CHUNK ? 1 : CHUNK / j.h;
     if (j.rows) {
         Py_BEGIN_ALLOW_THREADS
-        pool_run(rms_task, &j, (j.rows + j.per - 1) / j.per, threads);
+        pool_run(norm_task, &j, (j.rows + j.per - 1) / j.per, threads);
         Py_END_ALLOW_THREADS
     }
 done:
@@ -369,8 +440,10 @@ done:
     nb_release(&k);
     nb_release(&b);
     nb_release(&g);
+    nb_release(&be);
     nb_release(&y);
     nb_release(&sm);
+    nb_release(&mn);
     nb_release(&iv);
     if (PyErr_Occurred())
         return NULL;
@@ -439,7 +512,7 @@ static PyObject *int8_blocks(PyObject *self, PyObject *args)
 }
 
 PyMethodDef elementwise_methods[] = {
-    {"rms_norm", rms_norm, METH_VARARGS, rms_norm_doc},
+    {"row_norm", row_norm, METH_VARARGS, row_norm_doc},
     {"int8_blocks", int8_blocks, METH_VARARGS, int8_blocks_doc},
     {"unary", unary, METH_VARARGS, unary_doc},
     {"channel_affine", channel_affine, METH_VARARGS, channel_affine_doc},

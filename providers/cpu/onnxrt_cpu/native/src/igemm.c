@@ -19,10 +19,11 @@
  */
 #include "native.h"
 
+#include <math.h>
+
 #if defined(__GNUC__) && defined(__x86_64__) && (defined(__clang__) || __GNUC__ >= 9)
 #define IG_BUILT 1
 #include <immintrin.h>
-#include <math.h>
 #define IG_TARGET __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512vnni")))
 #else
 #define IG_BUILT 0
@@ -353,8 +354,89 @@ done:
     return PyBool_FromLong(!j.nan);
 }
 
+/* ---- The range of float32 data: DynamicQuantizeLinear's scale and zero point come
+ * from it (one pass where numpy's min and max take two) ---------------------------- */
+
+/* (lo, hi) of v[0..n); returns whether a NaN was seen (the comparisons skip it). */
+static int range_scalar(const float *v, Py_ssize_t i, Py_ssize_t n, float *lo, float *hi)
+{
+    int nan = 0;
+    for (; i < n; i++) {
+        *lo = v[i] < *lo ? v[i] : *lo;
+        *hi = v[i] > *hi ? v[i] : *hi;
+        nan |= v[i] != v[i];
+    }
+    return nan;
+}
+
+#if IG_BUILT
+/* vminps / vmaxps return their second operand where either is NaN: the extremes stay
+ * those of the numbers, and the NaN is noted by an unordered compare. Two sets of
+ * extremes, so that one's latency hides behind the other's. */
+__attribute__((target("avx512f"))) static int range_avx512(const float *v, Py_ssize_t n, float *lo, float *hi)
+{
+    Py_ssize_t i = 0;
+    int nan = 0;
+    if (n >= 32) {
+        __m512 lo0 = _mm512_loadu_ps(v), lo1 = _mm512_loadu_ps(v + 16), hi0 = lo0, hi1 = lo1;
+        __mmask16 bad = _mm512_cmp_ps_mask(lo0, lo0, _CMP_UNORD_Q) | _mm512_cmp_ps_mask(lo1, lo1, _CMP_UNORD_Q);
+        for (i = 32; i + 32 <= n; i += 32) {
+            const __m512 x0 = _mm512_loadu_ps(v + i), x1 = _mm512_loadu_ps(v + i + 16);
+            lo0 = _mm512_min_ps(x0, lo0);
+            hi0 = _mm512_max_ps(x0, hi0);
+            lo1 = _mm512_min_ps(x1, lo1);
+            hi1 = _mm512_max_ps(x1, hi1);
+            bad |= _mm512_cmp_ps_mask(x0, x1, _CMP_UNORD_Q); /* a NaN in either */
+        }
+        /* a lane that started as NaN holds it until a number replaces it: noted above */
+        *lo = _mm512_reduce_min_ps(_mm512_min_ps(lo1, lo0));
+        *hi = _mm512_reduce_max_ps(_mm512_max_ps(hi1, hi0));
+        nan = bad != 0;
+    }
+    return range_scalar(v, i, n, lo, hi) | nan;
+}
+
+static int avx512f_here(void)
+{
+    static int known = -1;
+    if (known < 0) {
+        __builtin_cpu_init();
+        known = __builtin_cpu_supports("avx512f");
+    }
+    return known;
+}
+#endif
+
+PyDoc_STRVAR(float_range_doc,
+"float_range(x)\n\n"
+"(min, max) of the float32 values of x (a C-contiguous buffer of at least one value)\n"
+"as Python floats; both NaN where x holds a NaN, as numpy's min and max give.");
+
+static PyObject *float_range(PyObject *self, PyObject *arg)
+{
+    nbuf x;
+    x.held = 0;
+    if (nb_get(arg, &x, 'f', 4, 1, 0, 0, "float_range: x") < 0)
+        return NULL;
+    const float *v = x.view.buf;
+    const Py_ssize_t n = x.view.len / 4;
+    float lo = INFINITY, hi = -INFINITY;
+    int nan;
+#if IG_BUILT
+    if (avx512f_here())
+        nan = range_avx512(v, n, &lo, &hi);
+    else
+#endif
+        nan = range_scalar(v, 0, n, &lo, &hi);
+    nb_release(&x);
+    if (nan)
+        lo = hi = NAN;
+    return Py_BuildValue("(dd)", (double)lo, (double)hi);
+}
+
 PyMethodDef igemm_methods[] = {
     {"igemm_ready", igemm_ready, METH_NOARGS, igemm_ready_doc},
     {"igemm", igemm, METH_VARARGS, igemm_doc},
+    {"float_range", float_range, METH_O, float_range_doc},
     {NULL, NULL, 0, NULL},
 };
