@@ -723,14 +723,115 @@ def test_qlinear_conv_matches_onnxruntime_and_the_numpy_path_exactly(case, threa
     counting = _Counting(native.K)
     monkeypatch.setattr(native, "K", counting)
     got = _run(model, {"x": x}, threads, ort.GraphOptimizationLevel.ORT_DISABLE_ALL)
-    assert counting.calls == {"qdirect2d" if _takes_direct(x_shape, w_shape, attrs) else "qconv2d": 1} \
-        and got.dtype == y_type
+    want_kernel = "qconv8" if native.K.qconv8_ready() else \
+        "qdirect2d" if _takes_direct(x_shape, w_shape, attrs) else "qconv2d"
+    calls = {k: v for k, v in counting.calls.items() if not k.endswith("_ready")}  # (the packing asks)
+    assert calls == {want_kernel: 1} and got.dtype == y_type
     if x_type == y_type:  # onnxruntime implements no mixed 8-bit types here
         want = rt.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
         np.testing.assert_array_equal(got, want)
     assert len(np.unique(got)) > 20  # neither saturated nor constant
     request.getfixturevalue("numpy_kernels")
     np.testing.assert_array_equal(got, _run(model, {"x": x}, threads, ort.GraphOptimizationLevel.ORT_DISABLE_ALL))
+
+
+def _qconv_reference(x, xz, w, wz, bias, mult, yz, y_type, group, kernel, strides, dil, pads):
+    """QLinearConv in int64 (numpy), requantized in float32 as onnxruntime does."""
+    n, c, h, wd = x.shape
+    m = w.shape[0]
+    cg, mg = c // group, m // group
+    xp = np.pad(x.astype(np.int64) - xz, ((0, 0), (0, 0), (pads[0], pads[2]), (pads[1], pads[3])))
+    oh = (h + pads[0] + pads[2] - dil[0] * (kernel[0] - 1) - 1) // strides[0] + 1
+    ow = (wd + pads[1] + pads[3] - dil[1] * (kernel[1] - 1) - 1) // strides[1] + 1
+    wc = w.astype(np.int64) - np.asarray(wz, np.int64).reshape(-1, 1, 1, 1)
+    acc = np.zeros((n, m, oh, ow), np.int64)
+    for gi in range(group):
+        for ky in range(kernel[0]):
+            for kx in range(kernel[1]):
+                taps = xp[:, gi * cg:(gi + 1) * cg, ky * dil[0]:ky * dil[0] + strides[0] * (oh - 1) + 1:strides[0],
+                          kx * dil[1]:kx * dil[1] + strides[1] * (ow - 1) + 1:strides[1]]
+                acc[:, gi * mg:(gi + 1) * mg] += np.einsum("mc,nchw->nmhw", wc[gi * mg:(gi + 1) * mg, :, ky, kx], taps)
+    v = acc.astype(np.float32)
+    if bias is not None:
+        v += bias.reshape(1, -1, 1, 1)
+    v *= np.broadcast_to(mult, (m,)).reshape(1, -1, 1, 1)
+    info = np.iinfo(y_type)
+    return np.clip(np.rint(v) + yz, info.min, info.max).astype(y_type)
+
+
+@needs_native
+@pytest.mark.skipif(native.K is None or not native.K.qconv8_ready(), reason="no AVX-512 VNNI here")
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_qconv8_is_exact_for_every_geometry_and_type(threads):
+    """The 8-bit products against int64 arithmetic and against qconv2d (float32
+    products): both bit for bit, over strides, dilations, asymmetric pads, groups,
+    channel counts that are not whole blocks of 8, maps that are not whole tiles of 32,
+    reductions that are not whole groups of 4, int8 and uint8 inputs, outputs and
+    weights, per-channel weight zero points (the positions' sums), and maps smaller
+    than the kernel's reach into the padding."""
+    rng = np.random.default_rng(21 + threads)
+    cases = [  # x shape, m, group, kernel, strides, dilations, pads (top, left, bottom, right)
+        ((2, 3, 17, 19), 13, 1, (3, 3), (1, 1), (1, 1), (1, 1, 1, 1)),
+        ((1, 5, 9, 40), 9, 1, (1, 7), (1, 3), (1, 1), (0, 3, 0, 2)),
+        ((3, 8, 6, 6), 16, 2, (3, 3), (2, 2), (2, 1), (2, 1, 0, 3)),
+        ((2, 16, 4, 4), 24, 1, (3, 3), (1, 1), (1, 1), (1, 1, 1, 1)),
+        ((1, 2, 70, 70), 3, 1, (5, 5), (2, 2), (1, 1), (2, 2, 2, 2)),
+        ((2, 6, 3, 3), 6, 3, (5, 5), (1, 1), (1, 1), (2, 2, 2, 2)),
+        ((1, 32, 12, 12), 40, 1, (1, 1), (1, 1), (1, 1), (0, 0, 0, 0)),
+        ((4, 4, 11, 13), 8, 4, (3, 2), (3, 2), (1, 2), (1, 0, 2, 1)),
+    ]
+    for x_shape, m, group, kernel, strides, dil, pads in cases:
+        for x_type, w_type, y_type in [(np.uint8, np.int8, np.uint8), (np.int8, np.uint8, np.int8),
+                                       (np.uint8, np.uint8, np.int8), (np.int8, np.int8, np.uint8)]:
+            n, c, h, wd = x_shape
+            xi, wi = np.iinfo(x_type), np.iinfo(w_type)
+            x = rng.integers(xi.min, xi.max + 1, x_shape).astype(x_type)
+            w = rng.integers(wi.min, wi.max + 1, (m, c // group, *kernel)).astype(w_type)
+            xz = int(rng.integers(xi.min, xi.max + 1))
+            wz = rng.integers(wi.min, wi.max + 1, m).astype(w_type)
+            bias = rng.integers(-3000, 3000, m).astype(np.float32) if m % 2 else None
+            k = c // group * kernel[0] * kernel[1]
+            # outputs spread over tens of levels: sums of k products of about 100 x 100
+            mult = ((rng.random(m if c % 2 else 1) + 0.5) * 40 / (np.sqrt(k) * 1e4)).astype(np.float32)
+            yz = 5 if y_type == np.int8 else 131
+            oh = (h + pads[0] + pads[2] - dil[0] * (kernel[0] - 1) - 1) // strides[0] + 1
+            ow = (wd + pads[1] + pads[3] - dil[1] * (kernel[1] - 1) - 1) // strides[1] + 1
+            geometry = (n, c, h, wd, m, group, *kernel, *strides, *dil, pads[0], pads[1], oh, ow)
+            w8, zw = native.pack_conv_int8(w, wz)
+            y = np.empty((n, m, oh, ow), y_type)
+            native.K.qconv8(x, w8, zw, bias, mult, y, geometry, xz, yz, threads)
+            want = _qconv_reference(x, xz, w, wz, bias, mult, yz, y_type, group, kernel, strides, dil, pads)
+            label = f"{x_shape} m={m} g={group} k={kernel} s={strides} d={dil} p={pads} {x_type.__name__} " \
+                    f"{w_type.__name__} {y_type.__name__}"
+            np.testing.assert_array_equal(y, want, err_msg=label)
+            assert len(np.unique(y)) > 10, label  # neither saturated nor constant
+            y2 = np.empty_like(y)
+            centred = (w.astype(np.float32) - wz.astype(np.float32).reshape(-1, 1, 1, 1)).reshape(m, -1)
+            native.K.qconv2d(x, centred, bias, mult, y2, geometry, xz, yz, threads)
+            np.testing.assert_array_equal(y, y2, err_msg=label)
+
+
+@needs_native
+@pytest.mark.skipif(native.K is None or not native.K.qconv8_ready(), reason="no AVX-512 VNNI here")
+def test_qconv8_refuses_what_it_cannot_take():
+    x = np.zeros((1, 4, 5, 5), np.uint8)
+    w8, zw = native.pack_conv_int8(np.ones((8, 4, 3, 3), np.int8))
+    y = np.empty((1, 8, 3, 3), np.uint8)
+    mult = np.ones(1, np.float32)
+    geometry = (1, 4, 5, 5, 8, 1, 3, 3, 1, 1, 1, 1, 0, 0, 3, 3)
+    with pytest.raises(ValueError, match="invalid geometry"):
+        native.K.qconv8(x, w8, zw, None, mult, y, geometry[:4] + (0,) + geometry[5:], 0, 0, 1)
+    with pytest.raises(ValueError, match="qconv8: y holds 24 elements, at least 72"):
+        native.K.qconv8(x, w8, zw, None, mult, y[:, :, :, :1].copy(), geometry, 0, 0, 1)
+    with pytest.raises(ValueError, match="mult holds 2 values"):
+        native.K.qconv8(x, w8, zw, None, np.ones(2, np.float32), y, geometry, 0, 0, 1)
+    with pytest.raises(ValueError, match="x_zero_point -3 outside"):
+        native.K.qconv8(x, w8, zw, None, mult, y, geometry, -3, 0, 1)
+    with pytest.raises(TypeError, match="qconv8: w8"):
+        native.K.qconv8(x, w8.astype(np.int16), zw, None, mult, y, geometry, 0, 0, 1)
+    assert native.pack_conv_int8(np.ones((8, 4, 3, 3), np.int16)) is None
+    assert native.pack_conv_int8(np.ones((8, 4, 3, 3), np.int8), np.zeros(3, np.int8)) is None
+    assert native.pack_conv_int8(np.ones((8, 4, 3, 3), np.int8), np.zeros(8, np.uint8)) is None
 
 
 @needs_native
@@ -747,7 +848,7 @@ def test_qlinear_conv_past_the_exact_bound_takes_the_numpy_path(monkeypatch):
     counting = _Counting(native.K)
     monkeypatch.setattr(native, "K", counting)
     got = _run(model, {"x": x}, 1, ort.GraphOptimizationLevel.ORT_DISABLE_ALL)
-    assert "qconv2d" not in counting.calls
+    assert not {"qconv2d", "qconv8"} & set(counting.calls)
     acc = np.zeros((m, 6, 6), np.int64)
     xp = np.pad(x[0].astype(np.int64), ((0, 0), (1, 1), (1, 1)))
     for ky in range(3):

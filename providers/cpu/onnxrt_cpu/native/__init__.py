@@ -28,7 +28,7 @@ import numpy as np
 from onnxrt.threads import current_thread_count
 
 __all__ = ["K", "BLAS", "RELU", "CLIP", "SIGMOID", "SWISH", "GELU", "Int8Weights", "kernels", "blas_ready",
-           "channel_affine", "float_range", "int8_blocks", "int8_matmul", "layer_norm", "pack_int8_weights", "rms_norm", "status", "unary"]
+           "channel_affine", "float_range", "int8_blocks", "int8_matmul", "layer_norm", "pack_conv_int8", "pack_int8_weights", "rms_norm", "status", "unary"]
 
 _module: ModuleType | None = None
 _reason: str | None = None
@@ -329,6 +329,31 @@ def pack_int8_weights(b, zero_point=None) -> Int8Weights | None:
     colsum = np.zeros(npad, np.int32)
     colsum[:cols] = full[:, :cols].sum(axis=0, dtype=np.int32)
     return Int8Weights(packed, zb, colsum, rows, cols)
+
+
+def pack_conv_int8(w, zero_point=None) -> tuple[np.ndarray, np.ndarray] | None:
+    """A QLinearConv weight ``w`` [M, C / groups, *kernel] (int8 or uint8) and its zero
+    point (scalar or one a channel, ``w``'s type, or None) for ``K.qconv8``: the rows as
+    int8 [M, kp] (uint8 shifted by -128; zeros from the row's length to kp, a multiple
+    of 4) and the zero points in the same domain (int32 [M]). None where this CPU has
+    no 8-bit convolution, or the arrays are not such."""
+    k = K
+    if k is None or not k.qconv8_ready() or type(w) is not np.ndarray or w.dtype not in (np.int8, np.uint8) \
+            or w.ndim < 3 or 0 in w.shape:
+        return None
+    m = w.shape[0]
+    rows = w.reshape(m, -1)
+    zp = np.zeros(m, np.int32) if zero_point is None else np.asarray(zero_point)
+    if zero_point is not None and (zp.dtype != w.dtype or zp.size not in (1, m)):
+        return None
+    zw = np.broadcast_to(zp.reshape(-1).astype(np.int32), (m,)).copy()
+    if w.dtype == np.uint8:
+        rows = (rows ^ np.uint8(0x80)).view(np.int8)
+        zw -= 128
+    kp = (rows.shape[1] + 3) // 4 * 4
+    w8 = np.zeros((m, kp), np.int8)
+    w8[:, : rows.shape[1]] = rows
+    return w8, zw
 
 
 def int8_matmul(a, w: Int8Weights, a_zero_point: int = 0, a_scale=None, scale=None, bias=None):

@@ -126,5 +126,6 @@ extern PyMethodDef direct_methods[];
 extern PyMethodDef gqa_methods[];
 extern PyMethodDef rnn_methods[];
 extern PyMethodDef igemm_methods[];
+extern PyMethodDef qconv8_methods[];
 
 #endif
