@@ -661,9 +661,12 @@ def test_qlinear_binary_table_equals_direct_computation(op_type, dt, a_shape, b_
     got, want = both(a, b)
     assert got.dtype == want.dtype == np.dtype(dt) and got.shape == want.shape
     np.testing.assert_array_equal(got, want)
-    # every pair of codes at once
+    # every pair of codes at once, broadcast and as two arrays of one shape (the
+    # compiled lookup's case where it is loaded)
     codes = np.arange(256, dtype=np.uint8).view(dt)
     np.testing.assert_array_equal(*both(codes.reshape(256, 1), codes.reshape(1, 256)))
+    grid_a, grid_b = np.meshgrid(codes, codes, indexing="ij")
+    np.testing.assert_array_equal(*both(grid_a.copy(), grid_b.copy()))
 
 
 @pytest.mark.parametrize("dt", [np.uint8, np.int8])

@@ -6,7 +6,8 @@
   and column splits of the work.
 - Float A quantized in the kernel (DynamicQuantizeMatMul) gives bit for bit what the
   numpy path gives, and what onnxruntime gives; a NaN falls back to the numpy path.
-- MatMulInteger, MatMulIntegerToFloat, DynamicQuantizeMatMul, QAttention and the
+- MatMulInteger, MatMulIntegerToFloat, DynamicQuantizeMatMul, QLinearMatMul (8-bit
+  out, requantized in the kernel), QAttention and the
   fused DynamicQuantizeLinear + QAttention sessions agree with onnxruntime and with
   the numpy paths.
 - Arguments the kernel does not take are refused (None) or raise typed errors.
@@ -254,6 +255,39 @@ def test_matmul_integer_to_float_matches_onnxruntime_and_the_numpy_path(numpy_ke
     got = ours.run(None, {"a": a})[0]
     assert int8_calls == [(6, 13, n)]
     np.testing.assert_allclose(got, ref.run(None, {"a": a})[0], rtol=1e-5, atol=1e-5)
+    with numpy_kernels_later():
+        np.testing.assert_array_equal(got, ours.run(None, {"a": a})[0])
+
+
+@pytest.mark.parametrize("a_type,b_type,y_type", [(np.uint8, np.int8, np.uint8), (np.int8, np.int8, np.int8),
+                                                   (np.uint8, np.uint8, np.uint8), (np.int8, np.uint8, np.uint8)])
+@pytest.mark.parametrize("per_column", [False, True])
+def test_qlinear_matmul_matches_onnxruntime_and_the_numpy_path(a_type, b_type, y_type, per_column,
+                                                               numpy_kernels_later, int8_calls):
+    rng = np.random.default_rng(17)
+    k, n = 75, 41
+    b = _rand8(rng, b_type, (k, n))
+    shape = (n,) if per_column else ()
+    inits = [numpy_helper.from_array(np.array(0.03, np.float32), "as"),
+             numpy_helper.from_array(np.array(131 if a_type == np.uint8 else 3, a_type), "az"),
+             numpy_helper.from_array(b, "b"),
+             numpy_helper.from_array((rng.random(shape) * 0.01 + 0.002).astype(np.float32), "bs"),
+             numpy_helper.from_array(_rand8(rng, b_type, shape) // 8 + (128 if b_type == np.uint8 else 0), "bz"),
+             numpy_helper.from_array(np.array(0.4, np.float32), "ys"),
+             numpy_helper.from_array(np.array(-9 if y_type == np.int8 else 121, y_type), "yz")]
+    node = helper.make_node("QLinearMatMul", ["a", "as", "az", "b", "bs", "bz", "ys", "yz"], ["y"])
+    model = _model([node], [helper.make_tensor_value_info("a", _INT8[np.dtype(a_type)], None)], inits,
+                   _INT8[np.dtype(y_type)], opsets=(("", 13),))
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = 2
+    ours = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    a = _rand8(rng, a_type, (3, 11, k))
+    got = ours.run(None, {"a": a})[0]
+    assert int8_calls == [(3, 11, n)] and got.dtype == y_type
+    assert len(np.unique(got)) > 30  # neither saturated nor constant
+    if a_type == y_type and not (a_type == np.int8 and b_type == np.uint8):  # what onnxruntime implements
+        ref = rt.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+        np.testing.assert_array_equal(got, ref.run(None, {"a": a})[0])
     with numpy_kernels_later():
         np.testing.assert_array_equal(got, ours.run(None, {"a": a})[0])
 

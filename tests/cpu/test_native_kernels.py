@@ -964,6 +964,31 @@ def test_layer_normalizations_match_onnxruntime_and_the_numpy_path(form, outs, h
 
 
 @needs_native
+def test_pair_lookup_reads_the_table_at_every_pair_of_codes():
+    rng = np.random.default_rng(4)
+    table = rng.integers(-128, 128, 65536).astype(np.int8)
+    for a_type, b_type in [(np.uint8, np.uint8), (np.int8, np.int8), (np.int8, np.uint8)]:
+        codes = np.arange(256, dtype=np.uint8)
+        a, b = (g.copy().view(t) for g, t in zip(np.meshgrid(codes, codes, indexing="ij"), (a_type, b_type)))
+        got = native.pair_lookup(a, b, table)
+        assert got.dtype == np.int8 and got.shape == (256, 256)
+        np.testing.assert_array_equal(got.reshape(-1), table)  # a << 8 | b walks the table in order
+    big = rng.integers(0, 256, (3, 70001)).astype(np.uint8)  # several chunks of the pool
+    other = rng.integers(0, 256, (3, 70001)).astype(np.uint8)
+    np.testing.assert_array_equal(native.pair_lookup(big, other, table),
+                                  table[(big.astype(np.intp) << 8) | other])
+    assert native.pair_lookup(big, other[:, :-1].copy(), table) is None  # shapes differ
+    assert native.pair_lookup(big, other, table[:100]) is None
+    assert native.pair_lookup(big[:, ::2], other[:, ::2], table) is None  # not contiguous
+    with pytest.raises(ValueError, match="pair_lookup: b holds 5 elements, at least 6"):
+        native.K.pair_lookup(np.zeros(6, np.uint8), np.zeros(5, np.uint8), table, np.zeros(6, np.int8), 1)
+    with pytest.raises(ValueError, match="pair_lookup: a holds 6 values, b 7 and out 6"):
+        native.K.pair_lookup(np.zeros(6, np.uint8), np.zeros(7, np.uint8), table, np.zeros(6, np.int8), 1)
+    with pytest.raises(TypeError, match="pair_lookup: b"):
+        native.K.pair_lookup(np.zeros(6, np.uint8), np.zeros(6, np.float32), table, np.zeros(6, np.int8), 1)
+
+
+@needs_native
 def test_float_range_is_numpys_min_and_max():
     rng = np.random.default_rng(2)
     for n in (1, 5, 31, 32, 33, 64, 65, 1000, 8195):

@@ -316,6 +316,9 @@ class _QLinearBinary(Kernel):
             except ValueError:
                 shape = None  # the direct path reports it
             if shape is not None:
+                y = native.pair_lookup(a, b, self.table) if a.shape == b.shape else None
+                if y is not None:
+                    return (y,)
                 idx = np.left_shift(a.view(np.uint8), 8, dtype=np.uint16)
                 if idx.shape == shape:
                     np.bitwise_or(idx, b.view(np.uint8), out=idx)

@@ -513,6 +513,33 @@ class QLinearMatMul(Kernel):
         if 3 in c and 5 in c:
             self.b_packed = self._centre_b(c[3], c[5])
             self.b_l1 = column_l1(self.b_packed)
+        # B packed for the compiled 8-bit products, where this CPU has them
+        self.b_const = c.get(3)
+        self.w8 = None
+        if 3 in c and 5 in c and c[3].ndim == 2 and np.asarray(c[5]).size in (1, c[3].shape[1]):
+            self.w8 = native.pack_int8_weights(c[3], np.asarray(c[5]).reshape(-1) if np.asarray(c[5]).size > 1
+                                               else np.asarray(c[5]))
+
+    def _compiled(self, a, a_zero_point, b, mult, out, y_zero_point):
+        """The product and its requantization by the compiled 8-bit kernel: 8-bit A with
+        one zero point, the packed constant B, one float32 ratio or one a column, 8-bit
+        out with one zero point; else None."""
+        if self.w8 is None or b is not self.b_const or a.dtype not in (np.uint8, np.int8) or a.ndim == 0 \
+                or out not in (np.dtype(np.uint8), np.dtype(np.int8)) or mult.dtype != _F32:
+            return None
+        if (a_zero_point is not None and np.asarray(a_zero_point).size != 1) or \
+                (y_zero_point is not None and np.asarray(y_zero_point).size != 1):
+            return None
+        n = self.w8.n
+        if mult.size == 1:
+            scale = mult.reshape(1)
+        elif mult.size == n and mult.shape[-1] == n:
+            scale = np.ascontiguousarray(mult).reshape(n)
+        else:
+            return None  # a scale a row
+        za = 0 if a_zero_point is None else int(np.asarray(a_zero_point).reshape(()))
+        yz = 0 if y_zero_point is None else int(np.asarray(y_zero_point).reshape(()))
+        return native.int8_matmul(a, self.w8, za, scale=scale, y_zero_point=yz, y_type=out.type)
 
     @staticmethod
     def _centre_b(b, b_zero_point):
@@ -522,6 +549,14 @@ class QLinearMatMul(Kernel):
 
     def run(self, a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, y_zero_point=None):
         _check_matmul(a, b, "QLinearMatMul")
+        sa = _row_param(a_scale, a)
+        # the scale ratio is formed in the scales' own precision
+        mult = (sa * np.asarray(b_scale)) / np.asarray(y_scale)
+        out = a.dtype if y_zero_point is None else y_zero_point.dtype
+        if b.dtype.kind in "iu" and out in _BYTE_RANGES:
+            y = self._compiled(a, a_zero_point, b, mult, np.dtype(out), y_zero_point)
+            if y is not None:
+                return (y,)
         if a.dtype.kind in "iu":
             A = _center(a, _row_param(a_zero_point, a) if a_zero_point is not None else None, False, _F32)
         else:
@@ -530,10 +565,6 @@ class QLinearMatMul(Kernel):
         B = self.b_packed if self.b_packed is not None else self._centre_b(b, b_zero_point)
         bl1 = self.b_l1 if self.b_packed is not None else None
         exact = a.dtype.kind in "iu" and b.dtype.kind in "iu"
-        sa = _row_param(a_scale, a)
-        # the scale ratio is formed in the scales' own precision
-        mult = (sa * np.asarray(b_scale)) / np.asarray(y_scale)
-        out = a.dtype if y_zero_point is None else y_zero_point.dtype
         bounds = centred_bound(a.dtype, a_zero_point), centred_bound(b.dtype, b_zero_point)
         if exact and out in _BYTE_RANGES and mult.dtype == _F32 and None not in bounds:
             # 8-bit in and out with float32 scales: the accumulator times the float32

@@ -28,7 +28,7 @@ import numpy as np
 from onnxrt.threads import current_thread_count
 
 __all__ = ["K", "BLAS", "RELU", "CLIP", "SIGMOID", "SWISH", "GELU", "Int8Weights", "kernels", "blas_ready",
-           "channel_affine", "float_range", "int8_blocks", "int8_matmul", "layer_norm", "pack_conv_int8", "pack_int8_weights", "rms_norm", "status", "unary"]
+           "channel_affine", "float_range", "int8_blocks", "int8_matmul", "layer_norm", "pack_conv_int8", "pair_lookup", "pack_int8_weights", "rms_norm", "status", "unary"]
 
 _module: ModuleType | None = None
 _reason: str | None = None
@@ -272,6 +272,22 @@ def float_range(x) -> tuple[float, float] | None:
     return k.float_range(x)
 
 
+def pair_lookup(a, b, table) -> np.ndarray | None:
+    """``table[a << 8 | b]`` over the raw bytes of two 8-bit arrays of one shape, in one
+    compiled pass (QLinearAdd's and QLinearMul's table of every pair of codes):
+    a new array of ``table``'s type and ``a``'s shape, or None where the kernels are
+    not loaded or the arrays are not such (C-contiguous, 8-bit, 65,536 entries)."""
+    k = K
+    if k is None or type(a) is not np.ndarray or type(b) is not np.ndarray or a.shape != b.shape \
+            or a.dtype.itemsize != 1 or b.dtype.itemsize != 1 or a.dtype.kind not in "iu" \
+            or b.dtype.kind not in "iu" or not a.flags.c_contiguous or not b.flags.c_contiguous \
+            or table.shape != (65536,) or table.dtype.itemsize != 1 or table.dtype.kind not in "iu":
+        return None
+    out = np.empty(a.shape, table.dtype)
+    k.pair_lookup(a, b, table, out, current_thread_count())
+    return out
+
+
 def int8_blocks(a, block: int):
     """MatMulNBits' rounding of A to int8 per block of ``block`` values along the last
     axis (float32, bit for bit the numpy path's) by the compiled kernel, in one pass;
@@ -356,14 +372,17 @@ def pack_conv_int8(w, zero_point=None) -> tuple[np.ndarray, np.ndarray] | None:
     return w8, zw
 
 
-def int8_matmul(a, w: Int8Weights, a_zero_point: int = 0, a_scale=None, scale=None, bias=None):
+def int8_matmul(a, w: Int8Weights, a_zero_point: int = 0, a_scale=None, scale=None, bias=None,
+                y_zero_point=None, y_type=None):
     """``(a - a_zero_point) @ (B - B's zero point)`` for the B that ``w`` packs, exact in
     int32 (AVX-512 VNNI), ``a`` [..., K] of uint8 or int8, or of float32 quantized first
     as DynamicQuantizeLinear does with ``a_scale`` (a positive float32) and
     ``a_zero_point``. int32 out, or float32 where ``a_scale``, ``scale`` or ``bias`` is
     given: the sums converted, times ``scale`` (float32 [N] or [1]) and plus ``bias``
-    (float32 [N]), each rounded as numpy rounds them. None where the kernel does not take the
-    arguments, or float ``a`` holds a NaN."""
+    (float32 [N]), each rounded as numpy rounds them. With ``y_type`` (np.uint8 or
+    np.int8) and ``y_zero_point``, 8-bit out, requantized as QLinearMatMul: the sums
+    times ``scale``, rounded half to even, plus ``y_zero_point``, saturated. None where
+    the kernel does not take the arguments, or float ``a`` holds a NaN."""
     k = K
     if k is None or type(a) is not np.ndarray or a.ndim == 0 or a.shape[-1] != w.k:
         return None
@@ -374,11 +393,15 @@ def int8_matmul(a, w: Int8Weights, a_zero_point: int = 0, a_scale=None, scale=No
         return None
     if bias is not None and (type(bias) is not np.ndarray or bias.dtype != np.float32 or bias.shape != (w.n,)):
         return None
+    if y_type is not None and (y_type not in (np.uint8, np.int8) or scale is None or bias is not None
+                               or a_scale is not None):
+        return None
     x = np.ascontiguousarray(a).reshape(-1, w.k)
     floats = a_scale is not None or scale is not None or bias is not None
-    out = np.empty((x.shape[0], w.n), np.float32 if floats else np.int32)
+    out = np.empty((x.shape[0], w.n), y_type if y_type is not None else np.float32 if floats else np.int32)
     threads = min(current_thread_count(), 1 + x.shape[0] * w.k * w.n // INT8_THREAD_MACS)
     if not k.igemm(x, float(a_scale) if a_scale is not None else 0.0, int(a_zero_point), w.packed, w.zb, w.colsum,
-                   scale, bias, out, (x.shape[0], w.k, w.n, w.k), threads):
+                   scale, bias, out, (x.shape[0], w.k, w.n, w.k), threads,
+                   None if y_type is None else int(y_zero_point or 0)):
         return None
     return out.reshape(a.shape[:-1] + (w.n,))

@@ -511,8 +511,73 @@ static PyObject *int8_blocks(PyObject *self, PyObject *args)
     Py_RETURN_NONE;
 }
 
+/* ---- A table of every pair of 8-bit codes (QLinearAdd, QLinearMul) ---------------- */
+
+typedef struct {
+    const uint8_t *a, *b, *table;
+    uint8_t *out;
+    Py_ssize_t n;
+} pair_job;
+
+static void pair_task(void *arg, Py_ssize_t t)
+{
+    const pair_job *j = arg;
+    const Py_ssize_t i0 = t * CHUNK, i1 = i0 + CHUNK < j->n ? i0 + CHUNK : j->n;
+    const uint8_t *restrict a = j->a, *restrict b = j->b, *restrict table = j->table;
+    uint8_t *restrict out = j->out;
+    for (Py_ssize_t i = i0; i < i1; i++)
+        out[i] = table[(size_t)a[i] << 8 | b[i]];
+}
+
+PyDoc_STRVAR(pair_lookup_doc,
+"pair_lookup(a, b, table, out, threads)\n\n"
+"out[i] = table[a[i] << 8 | b[i]] over the raw bytes of the 8-bit arrays a and b (n\n"
+"values each, int8 or uint8) into the 8-bit out (n values); table holds 65536 bytes.\n"
+"One pass where numpy takes three (the index, its second byte, the gather); runs on up\n"
+"to threads threads, without the GIL.");
+
+static PyObject *pair_lookup(PyObject *self, PyObject *args)
+{
+    PyObject *ao, *bo, *to, *oo;
+    int threads, sa, sb, st, so;
+    if (!PyArg_ParseTuple(args, "OOOOi:pair_lookup", &ao, &bo, &to, &oo, &threads))
+        return NULL;
+    if (nb_int8_kind(ao, &sa, "pair_lookup: a") < 0 || nb_int8_kind(bo, &sb, "pair_lookup: b") < 0 ||
+        nb_int8_kind(to, &st, "pair_lookup: table") < 0 || nb_int8_kind(oo, &so, "pair_lookup: out") < 0)
+        return NULL;
+    nbuf a, b, t, o;
+    a.held = b.held = t.held = o.held = 0;
+    if (nb_get(ao, &a, sa ? 'i' : 'u', 1, 0, 0, 0, "pair_lookup: a") < 0)
+        goto done;
+    const Py_ssize_t n = a.view.len;
+    if (nb_get(bo, &b, sb ? 'i' : 'u', 1, n, 0, 0, "pair_lookup: b") < 0 ||
+        nb_get(to, &t, st ? 'i' : 'u', 1, 65536, 0, 0, "pair_lookup: table") < 0 ||
+        nb_get(oo, &o, so ? 'i' : 'u', 1, n, 1, 0, "pair_lookup: out") < 0)
+        goto done;
+    if (b.view.len != n || o.view.len != n) {
+        PyErr_Format(PyExc_ValueError, "pair_lookup: a holds %zd values, b %zd and out %zd", n, b.view.len,
+                     o.view.len);
+        goto done;
+    }
+    pair_job j = {a.view.buf, b.view.buf, t.view.buf, o.view.buf, n};
+    if (n) {
+        Py_BEGIN_ALLOW_THREADS
+        pool_run(pair_task, &j, (n + CHUNK - 1) / CHUNK, threads);
+        Py_END_ALLOW_THREADS
+    }
+done:
+    nb_release(&a);
+    nb_release(&b);
+    nb_release(&t);
+    nb_release(&o);
+    if (PyErr_Occurred())
+        return NULL;
+    Py_RETURN_NONE;
+}
+
 PyMethodDef elementwise_methods[] = {
     {"row_norm", row_norm, METH_VARARGS, row_norm_doc},
+    {"pair_lookup", pair_lookup, METH_VARARGS, pair_lookup_doc},
     {"int8_blocks", int8_blocks, METH_VARARGS, int8_blocks_doc},
     {"unary", unary, METH_VARARGS, unary_doc},
     {"channel_affine", channel_affine, METH_VARARGS, channel_affine_doc},

@@ -46,6 +46,8 @@ typedef struct {
     int scale_one;             /* scale is one value for every column */
     void *out;
     int out_f32;
+    int out_8bit;   /* 0: int32 or float32 out; 1 uint8, 2 int8: requantized */
+    float yzp;      /* the 8-bit output's zero point */
     Py_ssize_t row_block, col_block, col_tasks;
     int failed, nan;
 } ig_job;
@@ -150,7 +152,21 @@ IG_TARGET static void ig_tile(const ig_job *j, const uint8_t *a, const int32_t *
             __m512i v = _mm512_sub_epi32(acc[i][h], _mm512_mullo_epi32(zb, _mm512_set1_epi32(rowsum[i])));
             v = _mm512_add_epi32(v, ct);
             Py_ssize_t at = (row + i) * j->n + c;
-            if (j->out_f32) {
+            if (j->out_8bit) {
+                /* QLinearMatMul's requantization, as the numpy path: the sum times
+                 * the float32 ratio, rounded half to even, plus the zero point,
+                 * saturated */
+                __m512 f = _mm512_mul_round_ps(_mm512_cvtepi32_ps(v), sc, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+                f = _mm512_add_ps(_mm512_roundscale_ps(f, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC),
+                                  _mm512_set1_ps(j->yzp));
+                if (j->out_8bit == 2) {
+                    f = _mm512_min_ps(_mm512_max_ps(f, _mm512_set1_ps(-128.0f)), _mm512_set1_ps(127.0f));
+                    _mm_mask_storeu_epi8((int8_t *)j->out + at, mask, _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(f)));
+                } else {
+                    f = _mm512_min_ps(_mm512_max_ps(f, _mm512_setzero_ps()), _mm512_set1_ps(255.0f));
+                    _mm_mask_storeu_epi8((uint8_t *)j->out + at, mask, _mm512_cvtusepi32_epi8(_mm512_cvtps_epi32(f)));
+                }
+            } else if (j->out_f32) {
                 __m512 f = _mm512_cvtepi32_ps(v);
                 if (j->scale)
                     f = _mm512_mul_round_ps(f, sc, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
@@ -217,25 +233,28 @@ static PyObject *igemm_ready(PyObject *self, PyObject *noargs)
 }
 
 PyDoc_STRVAR(igemm_doc,
-"igemm(a, a_scale, a_zero_point, packed, zb, colsum, scale, bias, out, dims, threads)\n\n"
+"igemm(a, a_scale, a_zero_point, packed, zb, colsum, scale, bias, out, dims, threads,\n"
+"      y_zero_point=None)\n\n"
 "out[m, n] = sum_k (a[m, k] - a_zero_point) (B[k, n] - zb[n]), B as packed by\n"
 "onnxrt_cpu.native.pack_int8_weights. a is [m, k] (rows lda apart) of float32\n"
 "(quantized first to uint8 with a_scale and a_zero_point, as DynamicQuantizeLinear),\n"
 "uint8 or int8. zb and colsum are int32 [npad]: B's zero points and column sums after\n"
 "the packing's shift. out is float32 (then the sums times scale [n] or [1], plus bias [n],\n"
-"each optional) or int32 [m, n]. dims is (m, k, n, lda). Returns False where float A\n"
+"each optional) or int32 [m, n]; with y_zero_point, uint8 or int8 [m, n]: 8-bit a's sums\n"
+"times scale, rounded half to even, plus y_zero_point, saturated (QLinearMatMul).\n"
+"dims is (m, k, n, lda). Returns False where float A\n"
 "held a NaN (nothing useful was written), else True. Runs on up to threads threads,\n"
 "without the GIL.");
 
 static PyObject *igemm(PyObject *self, PyObject *args)
 {
-    PyObject *ao, *po, *zbo, *cso, *sco, *bio, *outo;
+    PyObject *ao, *po, *zbo, *cso, *sco, *bio, *outo, *yzo = Py_None;
     double a_scale;
     int za, threads;
     ig_job j;
     memset(&j, 0, sizeof(j));
-    if (!PyArg_ParseTuple(args, "OdiOOOOOO(nnnn)i:igemm", &ao, &a_scale, &za, &po, &zbo, &cso, &sco, &bio, &outo,
-                          &j.m, &j.k, &j.n, &j.lda, &threads))
+    if (!PyArg_ParseTuple(args, "OdiOOOOOO(nnnn)i|O:igemm", &ao, &a_scale, &za, &po, &zbo, &cso, &sco, &bio, &outo,
+                          &j.m, &j.k, &j.n, &j.lda, &threads, &yzo))
         return NULL;
     if (!ig_supported()) {
         PyErr_SetString(PyExc_RuntimeError, "igemm: this CPU has no AVX-512 VNNI (see igemm_ready)");
@@ -279,10 +298,25 @@ static PyObject *igemm(PyObject *self, PyObject *args)
         nb_get(zbo, &zb, 'i', 4, j.npad, 0, 0, "igemm: zb") < 0 ||
         nb_get(cso, &cs, 'i', 4, j.npad, 0, 0, "igemm: colsum") < 0)
         goto done;
-    if (PyObject_CheckBuffer(outo) && nb_float_size(outo, "igemm: out") == 4)
+    if (yzo != Py_None) {
+        /* 8-bit output, requantized with this zero point */
+        long yz = PyLong_AsLong(yzo);
+        if (yz == -1 && PyErr_Occurred())
+            goto done;
+        if (nb_int8_kind(outo, &is_signed, "igemm: out") < 0)
+            goto done;
+        if (is_signed ? (yz < -128 || yz > 127) : (yz < 0 || yz > 255)) {
+            PyErr_SetString(PyExc_ValueError, "igemm: y_zero_point outside out's type");
+            goto done;
+        }
+        j.out_8bit = is_signed ? 2 : 1;
+        j.yzp = (float)yz;
+    } else if (PyObject_CheckBuffer(outo) && nb_float_size(outo, "igemm: out") == 4) {
         out_f32 = 1;
+    }
     PyErr_Clear();
-    if (nb_get(outo, &out, out_f32 ? 'f' : 'i', 4, j.m * j.n, 1, 0, "igemm: out") < 0 ||
+    if (nb_get(outo, &out, j.out_8bit ? (j.out_8bit == 2 ? 'i' : 'u') : out_f32 ? 'f' : 'i', j.out_8bit ? 1 : 4,
+               j.m * j.n, 1, 0, "igemm: out") < 0 ||
         nb_get(sco, &sc, 'f', 4, 1, 0, 1, "igemm: scale") < 0 ||
         nb_get(bio, &bi, 'f', 4, j.n, 0, 1, "igemm: bias") < 0)
         goto done;
@@ -291,8 +325,12 @@ static PyObject *igemm(PyObject *self, PyObject *args)
         goto done;
     }
     j.scale_one = sc.held && sc.view.len / 4 == 1;
-    if (!out_f32 && (sc.held || bi.held)) {
+    if (!out_f32 && !j.out_8bit && (sc.held || bi.held)) {
         PyErr_SetString(PyExc_ValueError, "igemm: a scale or bias needs float32 output");
+        goto done;
+    }
+    if (j.out_8bit && (!sc.held || bi.held || j.a_kind == 0)) {
+        PyErr_SetString(PyExc_ValueError, "igemm: 8-bit output takes 8-bit a, a scale and no bias");
         goto done;
     }
     colterm = PyMem_RawMalloc((size_t)j.npad * sizeof(int32_t));
