@@ -154,7 +154,7 @@ def status() -> dict:
         "reason": _reason,
         "blas": _blas,
         "blas_reason": _blas_reason if module is not None else _reason,
-        "int8_products": module is not None and module.igemm_ready(),
+        "int8_products": module is not None and module.igemm_ready() and module.qconv8_ready(),
         "pool": module.pool_info() if module is not None else None,
     }
 
