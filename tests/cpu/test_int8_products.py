@@ -147,6 +147,12 @@ def test_arguments_the_kernel_does_not_take():
     with pytest.raises(ValueError, match="float32 output"):
         native.K.igemm(np.ones((3, 8), np.uint8), 0.0, 0, w.packed, w.zb, w.colsum, np.ones(2, np.float32), None,
                        np.empty((3, 2), np.int32), (3, 8, 2, 8), 1)
+    with pytest.raises(ValueError, match="y_zero_point outside"):
+        native.K.igemm(np.ones((3, 8), np.uint8), 0.0, 0, w.packed, w.zb, w.colsum, np.ones(1, np.float32), None,
+                       np.empty((3, 2), np.int8), (3, 8, 2, 8), 1, 200)
+    with pytest.raises(ValueError, match="8-bit output takes 8-bit a, a scale and no bias"):
+        native.K.igemm(np.ones((3, 8), np.uint8), 0.0, 0, w.packed, w.zb, w.colsum, None, None,
+                       np.empty((3, 2), np.uint8), (3, 8, 2, 8), 1, 0)
     with pytest.raises(ValueError, match="scale holds 3 values, expected 1 or 2"):
         native.K.igemm(np.ones((3, 8), np.uint8), 0.0, 0, w.packed, w.zb, w.colsum, np.ones(3, np.float32), None,
                        np.empty((3, 2), np.float32), (3, 8, 2, 8), 1)

@@ -901,6 +901,25 @@ def _run_all(model, feeds, threads=1):
     return ort.InferenceSession(model, so, providers=["CPUExecutionProvider"]).run(None, feeds)
 
 
+def _norm_model(node, feeds, shape, out_names, inits) -> bytes:
+    """One normalization node over float32 feeds of ``shape`` (opsets 17 and com.microsoft 1)."""
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info(k, TensorProto.FLOAT, list(shape))
+                                            for k in feeds],
+                              [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in out_names], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                   helper.make_opsetid("com.microsoft", 1)],
+                             ir_version=8).SerializeToString()
+
+
+def _count_row_norms(model, feeds, monkeypatch):
+    """The model's outputs at 1 and 2 threads, each run one call of the compiled row_norm."""
+    counting = _Counting(native.K)
+    monkeypatch.setattr(native, "K", counting)
+    got = [_run_all(model, feeds, t) for t in (1, 2)]
+    assert counting.calls == {"row_norm": 2}
+    return got
+
+
 @needs_native
 @pytest.mark.parametrize("form, outs", [("plain", 1), ("plain", 3), ("plain 2 axes", 3), ("skip", 1),
                                         ("skip bias", 4), ("skip bias", 2), ("skip no beta", 3)])
@@ -930,16 +949,8 @@ def test_layer_normalizations_match_onnxruntime_and_the_numpy_path(form, outs, h
             names.append("bias")
         out_names = ["y", "mean", "inv", "sum"][:outs]
         node = helper.make_node("SkipLayerNormalization", names, out_names, domain="com.microsoft", epsilon=1e-6)
-    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info(k, TensorProto.FLOAT, list(shape))
-                                            for k in feeds],
-                              [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in out_names], inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
-                                                    helper.make_opsetid("com.microsoft", 1)],
-                              ir_version=8).SerializeToString()
-    counting = _Counting(native.K)
-    monkeypatch.setattr(native, "K", counting)
-    got = [_run_all(model, feeds, t) for t in (1, 2)]
-    assert counting.calls == {"row_norm": 2}
+    model = _norm_model(node, feeds, shape, out_names, inits)
+    got = _count_row_norms(model, feeds, monkeypatch)
     want = rt.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, feeds)
     for gt in got:
         assert [a.shape for a in gt] == [w.shape for w in want]
@@ -1063,16 +1074,8 @@ def test_rms_normalizations_match_onnxruntime_and_the_numpy_path(skip, bias, out
     else:
         out_names = ["y", "inv"][:outs]
         node = helper.make_node("SimplifiedLayerNormalization", ["x", "g"], out_names, axis=-1, epsilon=1e-6)
-    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info(k, TensorProto.FLOAT, list(shape))
-                                            for k in feeds],
-                              [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in out_names], inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
-                                                    helper.make_opsetid("com.microsoft", 1)],
-                              ir_version=8).SerializeToString()
-    counting = _Counting(native.K)
-    monkeypatch.setattr(native, "K", counting)
-    got = [_run_all(model, feeds, t) for t in (1, 2)]
-    assert counting.calls == {"row_norm": 2}
+    model = _norm_model(node, feeds, shape, out_names, inits)
+    got = _count_row_norms(model, feeds, monkeypatch)
     want = rt.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, feeds)
     for g in got:
         for a, b, name in zip(g, want, out_names):
