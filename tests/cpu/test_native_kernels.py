@@ -830,6 +830,7 @@ def test_qconv8_refuses_what_it_cannot_take():
     with pytest.raises(TypeError, match="qconv8: w8"):
         native.K.qconv8(x, w8.astype(np.int16), zw, None, mult, y, geometry, 0, 0, 1)
     assert native.pack_conv_int8(np.ones((8, 4, 3, 3), np.int16)) is None
+    assert native.pack_conv_int8(np.ones((2, native.INT8_MAX_K + 1, 1, 1), np.int8)) is None
     assert native.pack_conv_int8(np.ones((8, 4, 3, 3), np.int8), np.zeros(3, np.int8)) is None
     assert native.pack_conv_int8(np.ones((8, 4, 3, 3), np.int8), np.zeros(8, np.uint8)) is None
 

@@ -359,6 +359,8 @@ def pack_conv_int8(w, zero_point=None) -> tuple[np.ndarray, np.ndarray] | None:
         return None
     m = w.shape[0]
     rows = w.reshape(m, -1)
+    if rows.shape[1] > INT8_MAX_K:
+        return None  # (the kernel's int32 corrections stay exact up to this)
     zp = np.zeros(m, np.int32) if zero_point is None else np.asarray(zero_point)
     if zero_point is not None and (zp.dtype != w.dtype or zp.size not in (1, m)):
         return None
