@@ -22,6 +22,7 @@ import time
 
 import numpy as np
 import pytest
+import onnx
 from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
@@ -833,6 +834,30 @@ def test_qconv8_refuses_what_it_cannot_take():
     assert native.pack_conv_int8(np.ones((2, native.INT8_MAX_K + 1, 1, 1), np.int8)) is None
     assert native.pack_conv_int8(np.ones((8, 4, 3, 3), np.int8), np.zeros(3, np.int8)) is None
     assert native.pack_conv_int8(np.ones((8, 4, 3, 3), np.int8), np.zeros(8, np.uint8)) is None
+
+
+@needs_native
+def test_qlinear_conv_with_a_fed_scale_follows_each_runs_value():
+    """The scale ratio is kept from run to run only for the session's constants: a fed
+    scale, even the same array object changed in place, is read anew on every run."""
+    rng = np.random.default_rng(3)
+    w = rng.integers(-60, 60, (8, 4, 3, 3)).astype(np.int8)
+    model = _qconv_model((1, 4, 6, 6), w, x_type=np.uint8, y_type=np.uint8, w_scale=0.01, bias=None, xz=128,
+                         yz=128, pads=[1, 1, 1, 1])
+    m = onnx.load_from_string(model)
+    init = next(i for i in m.graph.initializer if i.name == "xs")
+    m.graph.initializer.remove(init)
+    m.graph.input.append(helper.make_tensor_value_info("xs", TensorProto.FLOAT, []))
+    sess = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+    ref = rt.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+    x = rng.integers(0, 256, (1, 4, 6, 6)).astype(np.uint8)
+    xs = np.array(0.05, np.float32)
+    first = sess.run(None, {"x": x, "xs": xs})[0]
+    np.testing.assert_array_equal(first, ref.run(None, {"x": x, "xs": xs})[0])
+    xs[...] = 0.01  # the same array, another value
+    second = sess.run(None, {"x": x, "xs": xs})[0]
+    np.testing.assert_array_equal(second, ref.run(None, {"x": x, "xs": xs})[0])
+    assert not np.array_equal(first, second)
 
 
 @needs_native

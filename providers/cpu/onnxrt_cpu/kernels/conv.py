@@ -1567,6 +1567,7 @@ class _IntConvBase(Kernel):
             except ValueError:
                 self._packed = None
         # the weight as bytes for the compiled 8-bit convolution, where this CPU has it
+        self._requant = None  # (x, w and y scales, bias, their ratio and float bias) of the last run
         self._w8 = None if self._packed is None or not self.bytes_products else \
             native.pack_conv_int8(w, c.get(wzp_idx) if has_wzp else None)
         if self._packed is not None and self.group == 1 and w.ndim == 4:
@@ -1857,14 +1858,22 @@ class QLinearConv(_IntConvBase):
         if min(pb) < 0 or min(pe) < 0 or 0 in out_sp:
             return None
         m = w.shape[0]
-        ws = np.asarray(w_scale, dtype=np.float32)
-        if ws.size != 1 and ws.shape != (m,):
-            return None  # the numpy path names the shape
-        xs = np.asarray(x_scale, dtype=np.float32).reshape(())
-        ys = np.asarray(y_scale, dtype=np.float32).reshape(())
-        # the scale ratio formed in float32, as onnxruntime does
-        mult = np.ascontiguousarray((xs * ws.reshape(-1) / ys).astype(np.float32))
-        bias = None if b is None else b.astype(np.float32)
+        kept = self._requant
+        if kept is not None and kept[0] is x_scale and kept[1] is w_scale and kept[2] is y_scale and kept[3] is b:
+            mult, bias = kept[4], kept[5]  # the constants of every run, converted once
+        else:
+            ws = np.asarray(w_scale, dtype=np.float32)
+            if ws.size != 1 and ws.shape != (m,):
+                return None  # the numpy path names the shape
+            xs = np.asarray(x_scale, dtype=np.float32).reshape(())
+            ys = np.asarray(y_scale, dtype=np.float32).reshape(())
+            # the scale ratio formed in float32, as onnxruntime does
+            mult = np.ascontiguousarray((xs * ws.reshape(-1) / ys).astype(np.float32))
+            bias = None if b is None else b.astype(np.float32)
+            c = self.node.constants
+            if x_scale is c.get(1) and w_scale is c.get(4) and y_scale is c.get(6) and (b is None or b is c.get(8)):
+                # only the session's own constants: a fed array may change between runs
+                self._requant = (x_scale, w_scale, y_scale, b, mult, bias)
         y = np.empty((x.shape[0], m, *out_sp), out_dt)
         if x.ndim == 3:
             x4 = np.ascontiguousarray(x).reshape(x.shape[0], x.shape[1], 1, x.shape[2])
