@@ -6,7 +6,8 @@
   and column splits of the work.
 - Float A quantized in the kernel (DynamicQuantizeMatMul) gives bit for bit what the
   numpy path gives, and what onnxruntime gives; a NaN falls back to the numpy path.
-- MatMulInteger, MatMulIntegerToFloat, DynamicQuantizeMatMul, QLinearMatMul (8-bit
+- MatMulInteger, MatMulIntegerToFloat, DynamicQuantizeMatMul, DynamicQuantizeLSTM's
+  input products, QLinearMatMul (8-bit
   out, requantized in the kernel), QAttention and the
   fused DynamicQuantizeLinear + QAttention sessions agree with onnxruntime and with
   the numpy paths.
@@ -296,6 +297,46 @@ def test_qlinear_matmul_matches_onnxruntime_and_the_numpy_path(a_type, b_type, y
         np.testing.assert_array_equal(got, ref.run(None, {"a": a})[0])
     with numpy_kernels_later():
         np.testing.assert_array_equal(got, ours.run(None, {"a": a})[0])
+
+
+@pytest.mark.parametrize("w_type,per_column,direction", [(np.int8, False, "bidirectional"),
+                                                          (np.uint8, True, "bidirectional"),
+                                                          (np.uint8, False, "reverse")])
+def test_dynamic_quantize_lstm_input_products(w_type, per_column, direction, numpy_kernels_later, int8_calls):
+    """X's dynamic quantization and its product with every direction's W (one product
+    for all steps) by the compiled kernel: the outputs are the numpy path's bit for
+    bit (int8 and uint8 W, zero points a direction or a column) and onnxruntime's
+    within the LSTM's float tolerance."""
+    rng = np.random.default_rng(23)
+    d = 2 if direction == "bidirectional" else 1
+    seq, batch, size, hidden = 6, 3, 10, 8
+    shape = (d, 4 * hidden) if per_column else (d,)
+    info = np.iinfo(w_type)
+    w = rng.integers(info.min, info.max + 1, (d, size, 4 * hidden)).astype(w_type)
+    r = rng.integers(info.min, info.max + 1, (d, hidden, 4 * hidden)).astype(w_type)  # R and W share a type
+    mid = 128 if w_type == np.uint8 else 0
+    inits = {"w": w, "r": r, "b": (rng.standard_normal((d, 8 * hidden)) * 0.3).astype(np.float32),
+             "ws": (rng.random(shape) * 0.01 + 0.005).astype(np.float32),
+             "wz": (rng.integers(-5, 6, shape) + mid).astype(w_type),
+             "rs": np.full((d,), 0.01, np.float32), "rz": np.full((d,), mid, w_type)}
+    names = ["x", "w", "r", "b", "", "", "", "", "ws", "wz", "rs", "rz"]
+    node = helper.make_node("DynamicQuantizeLSTM", names, ["y"], domain="com.microsoft", hidden_size=hidden,
+                            direction=direction)
+    model = _model([node], [helper.make_tensor_value_info("x", TensorProto.FLOAT, None)],
+                   [numpy_helper.from_array(v, k) for k, v in inits.items()])
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = 2
+    ours = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    ro = rt.SessionOptions()
+    ro.intra_op_num_threads = 2  # onnxruntime groups the rows by its threads, as onnxrt does
+    ref = rt.InferenceSession(model.SerializeToString(), ro, providers=["CPUExecutionProvider"])
+    x = rng.standard_normal((seq, batch, size)).astype(np.float32)
+    got = ours.run(None, {"x": x})[0]
+    assert int8_calls == [(seq * batch, d * 4 * hidden)]
+    if not per_column:  # onnxruntime takes one weight zero point a direction only
+        np.testing.assert_allclose(got, ref.run(None, {"x": x})[0], rtol=1e-5, atol=1e-5)
+    with numpy_kernels_later():
+        np.testing.assert_array_equal(got, ours.run(None, {"x": x})[0])
 
 
 def _attention_model(dynamic, w, w_scale, w_zp, bias, heads):

@@ -169,8 +169,11 @@ class DynamicQuantizeLSTM(Kernel):
         )
         self.direction = a.get("direction", "forward")
         self.q_weights = None
+        self.w8 = None
         if all(i in c for i in (1, 2, 8, 9, 10, 11)):
             self.q_weights = self._weights(c[1], c[2], c[8], c[9], c[10], c[11], desc)
+            # W packed for the compiled 8-bit products, in the emulation's column order
+            self.w8 = self._pack_w(c[1], c[9], self.q_weights.order)
         # a constant B in the emulation's form, once (the same array comes back every run)
         self.q_bias = None
         if self.q_weights is not None and 3 in c and c[3].shape == (c[1].shape[0], 2 * c[1].shape[2]):
@@ -188,6 +191,33 @@ class DynamicQuantizeLSTM(Kernel):
         if w.shape[0] != r.shape[0] or w.shape[2] != r.shape[2] or r.shape[2] != 4 * r.shape[1]:
             raise ValueError(f"{desc}: W {w.shape} and R {r.shape} must be [D, input, 4H] and [D, H, 4H]")
         return _Prepared(*centred(w, w_scale, w_zp, "W"), *centred(r, r_scale, r_zp, "R"))
+
+    @staticmethod
+    def _pack_w(w, zero_point, order):
+        """W ``[D, input, 4H]`` as the compiled 8-bit products' operand ``[input, D *
+        4H]`` (the columns of ``w_cat``), with its zero points (one a direction or one a
+        column) a column; None where the CPU or the arrays do not allow it."""
+        z = np.asarray(zero_point)
+        if w.ndim != 3 or z.dtype != w.dtype or z.size not in (w.shape[0], w.shape[0] * w.shape[2]):
+            return None
+        dirs, size, h4 = w.shape
+        zc = np.broadcast_to(z.reshape(dirs, -1), (dirs, h4))
+        raw = np.take(w, order, axis=-1).transpose(1, 0, 2).reshape(size, dirs * h4)
+        return native.pack_int8_weights(np.ascontiguousarray(raw), np.take(zc, order, axis=-1).reshape(-1))
+
+    def _x_products(self, v, prep):
+        """X's dynamic quantization and its exact product with every direction's W:
+        ``(products [rows, D * 4H] float32, X's scale)``. By the compiled 8-bit kernel
+        where W is the session's (quantized inside it, bit for bit as below), else
+        :meth:`_quant_rows` and one exact float32 GEMM."""
+        if self.w8 is not None and prep is self.q_weights:
+            _, scale, zp, _ = dynamic_range(v)
+            if 0.0 < scale < np.inf:
+                products = native.int8_matmul(v, self.w8, int(zp), a_scale=scale)
+                if products is not None:  # (None: a NaN in X)
+                    return products, np.array(scale, dtype=_F32)
+        xq, xs = self._quant_rows(v)
+        return int_matmul_f32(xq, prep.w_cat, 255.0, prep.w_max, prep.w_l1), xs
 
     def _quant_rows(self, v):
         """Dynamic uint8 quantization: centred float32 values and their scale."""
@@ -228,8 +258,7 @@ class DynamicQuantizeLSTM(Kernel):
         groups = -(-batch // fr)
         rows = groups * fr
         # X quantized once for all steps, its product with every direction's W one GEMM
-        xq, xs = self._quant_rows(x.reshape(seq * batch, -1))
-        gxa = int_matmul_f32(xq, prep.w_cat, 255.0, prep.w_max, prep.w_l1)
+        gxa, xs = self._x_products(x.reshape(seq * batch, -1), prep)
         # its scales, the sigmoid gates' negated (exact), as 1 / (1 + exp(-x)) reads
         # them (R's columns are negated alike), and the bias
         gx_scale = xs * prep.w_scale_signed
