@@ -6,6 +6,8 @@
   and column splits of the work.
 - Float A quantized in the kernel (DynamicQuantizeMatMul) gives bit for bit what the
   numpy path gives, and what onnxruntime gives; a NaN falls back to the numpy path.
+- MatMulNBits at accuracy_level 4 (A's int8 blocks in integers with the 4-bit
+  weight) agrees with onnxruntime and the numpy path to float32 rounding.
 - MatMulInteger, MatMulIntegerToFloat, DynamicQuantizeMatMul, DynamicQuantizeLSTM's
   input products, QLinearMatMul (8-bit
   out, requantized in the kernel), QAttention and the
@@ -337,6 +339,43 @@ def test_dynamic_quantize_lstm_input_products(w_type, per_column, direction, num
         np.testing.assert_allclose(got, ref.run(None, {"x": x})[0], rtol=1e-5, atol=1e-5)
     with numpy_kernels_later():
         np.testing.assert_array_equal(got, ours.run(None, {"x": x})[0])
+
+
+@pytest.mark.parametrize("bits,block,k,n,rows,packed_zp", [(4, 32, 64, 24, 10, True), (4, 16, 100, 45, 130, True),
+                                                            (4, 128, 256, 33, 7, False), (2, 32, 96, 70, 65, True)])
+def test_matmul_nbits_at_accuracy_level_4(bits, block, k, n, rows, packed_zp, numpy_kernels_later, monkeypatch):
+    """A's int8 blocks times the 4-bit (or 2-bit) weight's centred codes in integers,
+    block by block: onnxruntime's results to float32 rounding, and the numpy path's
+    (a float32 GEMM of the rounded A and the dequantized weight) alike; K not whole
+    blocks, N not whole panels, row counts over a task's 64, bias, an all-zero block."""
+    rng = np.random.default_rng(bits * 1000 + k)
+    kb = -(-k // block)
+    inits = [numpy_helper.from_array(rng.integers(0, 256, (n, kb, block * bits // 8)).astype(np.uint8), "b"),
+             numpy_helper.from_array((rng.random((n, kb)) * 0.1 + 0.01).astype(np.float32), "s")]
+    ins = ["a", "b", "s"]
+    if packed_zp:
+        inits.append(numpy_helper.from_array(rng.integers(0, 256, (n, -(-kb * bits // 8))).astype(np.uint8), "zp"))
+        ins.append("zp")
+    else:
+        ins.append("")
+    inits.append(numpy_helper.from_array(rng.standard_normal(n).astype(np.float32), "bias"))
+    ins += ["", "bias"]
+    node = helper.make_node("MatMulNBits", ins, ["y"], domain="com.microsoft", K=k, N=n, bits=bits,
+                            block_size=block, accuracy_level=4)
+    model = _model([node], [helper.make_tensor_value_info("a", TensorProto.FLOAT, None)], inits)
+    calls = []
+    real = native.nbits_matmul
+    monkeypatch.setattr(native, "nbits_matmul", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    ours, ref = _sessions(model)
+    a = rng.standard_normal((rows, k)).astype(np.float32)
+    a[0, :block] = 0  # an all-zero block: no scale to divide by
+    got = ours.run(None, {"a": a})[0]
+    assert calls == [1] and got.shape == (rows, n)
+    want = ref.run(None, {"a": a})[0]
+    span = float(np.abs(want).max())
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * span)
+    with numpy_kernels_later():
+        np.testing.assert_allclose(got, ours.run(None, {"a": a})[0], rtol=0, atol=1e-5 * span)
 
 
 def _attention_model(dynamic, w, w_scale, w_zp, bias, heads):

@@ -85,8 +85,33 @@ class MatMulNBits(Kernel):
         ins = self.node.inputs
         self.w = None
         opt = [i for i in (3,) if i < len(ins) and ins[i]]
+        self.w8 = None
         if 1 in c and 2 in c and all(i in c for i in opt):
             self.w = self._dequantize(c[1], c[2], c.get(3) if opt else None)
+            if self.int8_a and self.bits in (2, 4):
+                # A's int8 blocks times the weight's centred codes in integers, where
+                # this CPU has 8-bit products
+                self.w8 = self._pack_int8(c[1], c[2], c.get(3) if opt else None)
+
+    def _pack_int8(self, b, scales, zero_points):
+        """The constant weight's codes minus their zero points (int8 ``[N, blocks *
+        block]``, zeros past K) and its scales, packed for the compiled kernel; None
+        for float zero points or where the CPU has no 8-bit products. Called after
+        :meth:`_dequantize` checked the arrays."""
+        n, k, bits, block = self.n, self.k, self.bits, self.block
+        kb = -(-k // block)
+        q = _unpack_bits(b.reshape(n, kb, block * bits // 8), bits).astype(np.int16)
+        if zero_points is None:
+            q -= 1 << (bits - 1)
+        elif zero_points.dtype == np.uint8:
+            z = _unpack_bits(zero_points.reshape(n, -(-kb * bits // 8)), bits)[:, :kb].astype(np.int16)
+            q -= z[..., None]
+        else:
+            return None  # float zero points: the codes are not integers after them
+        centred = q.reshape(n, kb * block)
+        centred[:, k:] = 0
+        return native.pack_nbits_weights(centred.astype(np.int8), np.asarray(scales).astype(_F32).reshape(n, kb), k,
+                                         block)
 
     def _dequantize(self, b, scales, zero_points) -> np.ndarray:
         desc = self.node.describe()
@@ -133,8 +158,12 @@ class MatMulNBits(Kernel):
             raise ValueError(
                 f"{desc}: A's last dimension is {a.shape[-1]}, K is {self.k}"
             )
-        w = self.w if self.w is not None else self._dequantize(b, scales, zero_points)
         af = a.astype(_F32, copy=False)
+        if self.w8 is not None and (bias is None or (bias.shape == (self.n,) and bias.dtype == _F32)):
+            y = native.nbits_matmul(af, self.w8, bias)
+            if y is not None:
+                return (y.astype(a.dtype, copy=False),)
+        w = self.w if self.w is not None else self._dequantize(b, scales, zero_points)
         if self.int8_a:
             # the compiled rounding is one pass; numpy's is about ten calls, most of a
             # generation step's node (the tiny 4-bit Llama's: 24 -> about 8 us)

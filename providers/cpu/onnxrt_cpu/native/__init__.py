@@ -27,8 +27,9 @@ from types import ModuleType
 import numpy as np
 from onnxrt.threads import current_thread_count
 
-__all__ = ["K", "BLAS", "RELU", "CLIP", "SIGMOID", "SWISH", "GELU", "Int8Weights", "kernels", "blas_ready",
-           "channel_affine", "float_range", "int8_blocks", "int8_matmul", "layer_norm", "pack_conv_int8", "pair_lookup", "pack_int8_weights", "rms_norm", "status", "unary"]
+__all__ = ["K", "BLAS", "RELU", "CLIP", "SIGMOID", "SWISH", "GELU", "Int8Weights", "NBitsWeights", "kernels",
+           "blas_ready", "channel_affine", "float_range", "int8_blocks", "int8_matmul", "layer_norm", "nbits_matmul",
+           "pack_conv_int8", "pack_int8_weights", "pack_nbits_weights", "pair_lookup", "rms_norm", "status", "unary"]
 
 _module: ModuleType | None = None
 _reason: str | None = None
@@ -372,6 +373,55 @@ def pack_conv_int8(w, zero_point=None) -> tuple[np.ndarray, np.ndarray] | None:
     w8 = np.zeros((m, kp), np.int8)
     w8[:, : rows.shape[1]] = rows
     return w8, zw
+
+
+class NBitsWeights:
+    """A MatMulNBits weight packed for :func:`nbits_matmul`: the centred values as
+    int8 panels (:func:`pack_int8_weights`'s layout), each block's column sums and
+    scales ``[blocks, columns padded]``."""
+
+    def __init__(self, packed, colsum, scale, k, n, block):
+        self.packed, self.colsum, self.scale = packed, colsum, scale
+        self.k, self.n, self.block = k, n, block
+
+
+def pack_nbits_weights(centred, scales, k: int, block: int) -> NBitsWeights | None:
+    """``centred`` (int8 ``[N, blocks * block]``: a 4-bit weight's codes minus their
+    zero points, zeros past ``k``) and ``scales`` (``[N, blocks]``) packed for
+    :func:`nbits_matmul`; None where this CPU has no 8-bit products."""
+    kern = K
+    if kern is None or not kern.igemm_ready() or centred.dtype != np.int8 or centred.ndim != 2 or block % 4:
+        return None
+    n, kp = centred.shape
+    nb = kp // block
+    if nb * block != kp or scales.shape != (n, nb) or kp > INT8_MAX_K:
+        return None
+    w = pack_int8_weights(np.ascontiguousarray(centred.T))
+    if w is None:
+        return None
+    npad = -(-n // 32) * 32
+    colsum = np.zeros((nb, npad), np.int32)
+    colsum[:, :n] = centred.reshape(n, nb, block).sum(axis=2, dtype=np.int32).T
+    scale = np.zeros((nb, npad), np.float32)
+    scale[:, :n] = scales.T
+    return NBitsWeights(w.packed, colsum, scale, k, n, block)
+
+
+def nbits_matmul(a, w: NBitsWeights, bias=None):
+    """MatMulNBits at accuracy_level 4 by the compiled 8-bit kernel: ``a`` [..., K]
+    float32 rounded to int8 per block, its product with the 4-bit weight in integers
+    a block at a time, scaled and summed in float32, plus ``bias`` ([N] float32 or
+    None): float32 [..., N], or None where the kernel does not take the arrays."""
+    k = K
+    if k is None or type(a) is not np.ndarray or a.dtype != np.float32 or a.ndim == 0 or a.shape[-1] != w.k:
+        return None
+    if bias is not None and (type(bias) is not np.ndarray or bias.dtype != np.float32 or bias.shape != (w.n,)):
+        return None
+    x = np.ascontiguousarray(a).reshape(-1, w.k)
+    out = np.empty((x.shape[0], w.n), np.float32)
+    threads = min(current_thread_count(), 1 + x.shape[0] * w.k * w.n // INT8_THREAD_MACS)
+    k.nbits_matmul(x, w.packed, w.colsum, w.scale, bias, out, (x.shape[0], w.k, w.n, w.block), threads)
+    return out.reshape(a.shape[:-1] + (w.n,))
 
 
 def int8_matmul(a, w: Int8Weights, a_zero_point: int = 0, a_scale=None, scale=None, bias=None,

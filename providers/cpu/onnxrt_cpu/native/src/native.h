@@ -127,5 +127,6 @@ extern PyMethodDef gqa_methods[];
 extern PyMethodDef rnn_methods[];
 extern PyMethodDef igemm_methods[];
 extern PyMethodDef qconv8_methods[];
+extern PyMethodDef nbits8_methods[];
 
 #endif
