@@ -202,21 +202,21 @@ IG_TARGET static void ig_task(void *arg, Py_ssize_t t)
             ig_tile(j, a + r * j->k4, rowsum + r, r0 + r, c, rows - r < MR ? (int)(rows - r) : MR);
 }
 
-static int ig_supported(void)
+int vnni_ready(void)
 {
     static int known = -1;
     if (known < 0) {
         __builtin_cpu_init();
         known = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                 __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl") &&
-                __builtin_cpu_supports("avx512vnni");
+                __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("bmi2");
     }
     return known;
 }
 
 #else
 
-static int ig_supported(void)
+int vnni_ready(void)
 {
     return 0;
 }
@@ -229,7 +229,7 @@ PyDoc_STRVAR(igemm_ready_doc,
 
 static PyObject *igemm_ready(PyObject *self, PyObject *noargs)
 {
-    return PyBool_FromLong(ig_supported());
+    return PyBool_FromLong(vnni_ready());
 }
 
 PyDoc_STRVAR(igemm_doc,
@@ -256,7 +256,7 @@ static PyObject *igemm(PyObject *self, PyObject *args)
     if (!PyArg_ParseTuple(args, "OdiOOOOOO(nnnn)i|O:igemm", &ao, &a_scale, &za, &po, &zbo, &cso, &sco, &bio, &outo,
                           &j.m, &j.k, &j.n, &j.lda, &threads, &yzo))
         return NULL;
-    if (!ig_supported()) {
+    if (!vnni_ready()) {
         PyErr_SetString(PyExc_RuntimeError, "igemm: this CPU has no AVX-512 VNNI (see igemm_ready)");
         return NULL;
     }

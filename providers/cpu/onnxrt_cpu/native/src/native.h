@@ -125,6 +125,9 @@ extern PyMethodDef winograd_methods[];
 extern PyMethodDef direct_methods[];
 extern PyMethodDef gqa_methods[];
 extern PyMethodDef rnn_methods[];
+/* Whether this CPU runs the 8-bit kernels (igemm.c, qconv8.c, nbits8.c): AVX-512 F,
+ * BW, DQ, VL and VNNI, and BMI2. */
+int vnni_ready(void);
 extern PyMethodDef igemm_methods[];
 extern PyMethodDef qconv8_methods[];
 extern PyMethodDef nbits8_methods[];

@@ -156,20 +156,6 @@ NB_TARGET static void nb_task(void *arg, Py_ssize_t t)
         nb_tile(j, r, r1 - r < NB_MR ? (int)(r1 - r) : NB_MR, col);
 }
 
-static int nb_supported(void)
-{
-    static int known = -1;
-    if (known < 0) {
-        __builtin_cpu_init();
-        known = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl") &&
-                __builtin_cpu_supports("avx512vnni");
-    }
-    return known;
-}
-
-#else
-static int nb_supported(void) { return 0; }
 #endif
 
 PyDoc_STRVAR(nbits_matmul_doc,
@@ -192,7 +178,7 @@ static PyObject *nbits_matmul(PyObject *self, PyObject *args)
     if (!PyArg_ParseTuple(args, "OOOOOO(nnnn)i:nbits_matmul", &ao, &po, &co, &so, &bo, &oo, &j.m, &j.k, &j.n,
                           &j.block, &threads))
         return NULL;
-    if (!nb_supported()) {
+    if (!vnni_ready()) {
         PyErr_SetString(PyExc_RuntimeError, "nbits_matmul: this CPU has no AVX-512 VNNI");
         return NULL;
     }

@@ -343,20 +343,6 @@ Q8_TARGET static void q8_task(void *arg, Py_ssize_t t)
     }
 }
 
-static int q8_supported(void)
-{
-    static int known = -1;
-    if (known < 0) {
-        __builtin_cpu_init();
-        known = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl") &&
-                __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("bmi2");
-    }
-    return known;
-}
-
-#else
-static int q8_supported(void) { return 0; }
 #endif
 
 /* Bytes of gathered columns a task aims at (about half a core's L2), and the most a
@@ -384,7 +370,7 @@ static PyObject *qconv8(PyObject *self, PyObject *args)
                           &g[2], &g[3], &g[4], &g[5], &g[6], &g[7], &g[8], &g[9], &g[10], &g[11], &g[12], &g[13],
                           &g[14], &g[15], &xzp, &yzp, &threads))
         return NULL;
-    if (!q8_supported()) {
+    if (!vnni_ready()) {
         PyErr_SetString(PyExc_RuntimeError, "qconv8: this CPU has no AVX-512 VNNI");
         return NULL;
     }
@@ -501,7 +487,7 @@ PyDoc_STRVAR(qconv8_ready_doc,
 "qconv8_ready()\n\n"
 "Whether qconv8 runs on this CPU (AVX-512 with VNNI).");
 
-static PyObject *qconv8_ready(PyObject *self, PyObject *unused) { return PyBool_FromLong(q8_supported()); }
+static PyObject *qconv8_ready(PyObject *self, PyObject *unused) { return PyBool_FromLong(vnni_ready()); }
 
 PyMethodDef qconv8_methods[] = {
     {"qconv8_ready", qconv8_ready, METH_NOARGS, qconv8_ready_doc},
