@@ -137,7 +137,7 @@ Q8_TARGET static void q8_gather_row(const q8_job *j, const uint8_t *plane, Py_ss
     }
 }
 
-/* A task that covers a whole image at stride 1 along rows gathers from padded copies
+/* A task that covers a whole image at stride 1 or 2 along rows gathers from padded copies
  * of its planes instead: every tap's output row is then one run of ow bytes with no
  * bounds to check (a 4 x 4 map's gather was a dozen branches and three stores for
  * every four bytes). The copies: each channel's plane inside a border of the zero
@@ -145,7 +145,7 @@ Q8_TARGET static void q8_gather_row(const q8_job *j, const uint8_t *plane, Py_ss
 static void q8_padded_size(const q8_job *j, Py_ssize_t *hp, Py_ssize_t *wp)
 {
     const Py_ssize_t need_h = (j->oh - 1) * j->sh + (j->kh - 1) * j->dh + 1;
-    const Py_ssize_t need_w = (j->ow - 1) + (j->kw - 1) * j->dw + 1;
+    const Py_ssize_t need_w = (j->ow - 1) * j->sw + (j->kw - 1) * j->dw + 1;
     *hp = j->h + j->pt > need_h ? j->h + j->pt : need_h;
     *wp = j->w + j->pl > need_w ? j->w + j->pl : need_w;
 }
@@ -167,14 +167,21 @@ Q8_TARGET static void q8_pad_planes(const q8_job *j, const uint8_t *xg, Py_ssize
 }
 
 /* Every output position of tap (ky, kx) of the padded plane ``plane``, row after row,
- * into ``d`` (runs of ow bytes; each 64-byte store's spill is overwritten by the next). */
+ * into ``d`` (runs of ow bytes; each store's spill is overwritten by the next). At
+ * stride 2 along rows, the even bytes: the low bytes of 16-bit words. */
 Q8_TARGET static void q8_gather_padded(const q8_job *j, const uint8_t *plane, Py_ssize_t wp, Py_ssize_t ky,
                                        Py_ssize_t kx, uint8_t *restrict d)
 {
     const uint8_t *src = plane + ky * j->dh * wp + kx * j->dw;
-    for (Py_ssize_t oy = 0; oy < j->oh; oy++, src += j->sh * wp, d += j->ow)
-        for (Py_ssize_t c = 0; c < j->ow; c += 64)
-            _mm512_storeu_si512(d + c, _mm512_loadu_si512(src + c));
+    if (j->sw == 1) {
+        for (Py_ssize_t oy = 0; oy < j->oh; oy++, src += j->sh * wp, d += j->ow)
+            for (Py_ssize_t c = 0; c < j->ow; c += 64)
+                _mm512_storeu_si512(d + c, _mm512_loadu_si512(src + c));
+    } else {
+        for (Py_ssize_t oy = 0; oy < j->oh; oy++, src += j->sh * wp, d += j->ow)
+            for (Py_ssize_t c = 0; c < j->ow; c += 32)
+                _mm256_storeu_si256((__m256i *)(d + c), _mm512_cvtepi16_epi8(_mm512_loadu_si512(src + 2 * c)));
+    }
 }
 
 /* Four rows of ``np`` bytes (a multiple of 16) interleaved into [np][4]. */
@@ -280,7 +287,7 @@ Q8_TARGET static void q8_task(void *arg, Py_ssize_t t)
     const Py_ssize_t chunk = t % j->chunks, rest = t / j->chunks, gi = rest % j->groups, i = rest / j->groups;
     const Py_ssize_t p0 = chunk * j->chunk, len = p0 + j->chunk < j->L ? j->chunk : j->L - p0;
     const Py_ssize_t ncols = (len + Q8_NR - 1) / Q8_NR * Q8_NR; /* whole tiles: the loads stay inside */
-    const int padded = j->chunks == 1 && j->sw == 1;
+    const int padded = j->chunks == 1 && (j->sw == 1 || j->sw == 2);
     Py_ssize_t hp = 0, wp = 0;
     if (padded)
         q8_padded_size(j, &hp, &wp);
