@@ -724,7 +724,7 @@ def test_qlinear_conv_matches_onnxruntime_and_the_numpy_path_exactly(case, threa
     counting = _Counting(native.K)
     monkeypatch.setattr(native, "K", counting)
     got = _run(model, {"x": x}, threads, ort.GraphOptimizationLevel.ORT_DISABLE_ALL)
-    want_kernel = "qconv8" if native.K.qconv8_ready() else \
+    want_kernel = "qconv8" if native.K.igemm_ready() else \
         "qdirect2d" if _takes_direct(x_shape, w_shape, attrs) else "qconv2d"
     calls = {k: v for k, v in counting.calls.items() if not k.endswith("_ready")}  # (the packing asks)
     assert calls == {want_kernel: 1} and got.dtype == y_type
@@ -761,7 +761,7 @@ def _qconv_reference(x, xz, w, wz, bias, mult, yz, y_type, group, kernel, stride
 
 
 @needs_native
-@pytest.mark.skipif(native.K is None or not native.K.qconv8_ready(), reason="no AVX-512 VNNI here")
+@pytest.mark.skipif(native.K is None or not native.K.igemm_ready(), reason="no AVX-512 VNNI here")
 @pytest.mark.parametrize("threads", [1, 2, 3])
 def test_qconv8_is_exact_for_every_geometry_and_type(threads):
     """The 8-bit products against int64 arithmetic and against qconv2d (float32
@@ -813,7 +813,7 @@ def test_qconv8_is_exact_for_every_geometry_and_type(threads):
 
 
 @needs_native
-@pytest.mark.skipif(native.K is None or not native.K.qconv8_ready(), reason="no AVX-512 VNNI here")
+@pytest.mark.skipif(native.K is None or not native.K.igemm_ready(), reason="no AVX-512 VNNI here")
 def test_qconv8_refuses_what_it_cannot_take():
     x = np.zeros((1, 4, 5, 5), np.uint8)
     w8, zw = native.pack_conv_int8(np.ones((8, 4, 3, 3), np.int8))

@@ -155,7 +155,7 @@ def status() -> dict:
         "reason": _reason,
         "blas": _blas,
         "blas_reason": _blas_reason if module is not None else _reason,
-        "int8_products": module is not None and module.igemm_ready() and module.qconv8_ready(),
+        "int8_products": module is not None and module.igemm_ready(),
         "pool": module.pool_info() if module is not None else None,
     }
 
@@ -321,6 +321,22 @@ class Int8Weights:
         self.packed, self.zb, self.colsum, self.k, self.n = packed, zb, colsum, k, n
 
 
+def _int8_domain(values, zero_point, count: int):
+    """``values`` (uint8 or int8) as int8, uint8 shifted by -128 (the 8-bit kernels'
+    signed operand), and their zero point (None, one value, or ``count`` values in a
+    vector, of ``values``' type) as int32 ``[count]`` in the same domain; None where
+    the zero point is not such (the numpy path reports it)."""
+    zp = np.zeros(count, np.int32)
+    if zero_point is not None:
+        z = np.asarray(zero_point)
+        if z.dtype != values.dtype or z.size not in (1, count) or (z.size == count != 1 and z.ndim != 1):
+            return None
+        zp[:] = z.reshape(-1).astype(np.int32)
+    if values.dtype == np.uint8:
+        return (values ^ np.uint8(0x80)).view(np.int8), zp - 128
+    return values, zp
+
+
 def pack_int8_weights(b, zero_point=None) -> Int8Weights | None:
     """``b`` (a 2-D uint8 or int8 array) and its zero point (None, one value, or one
     per column) packed for :func:`int8_matmul`; None where this CPU has no 8-bit
@@ -330,19 +346,15 @@ def pack_int8_weights(b, zero_point=None) -> Int8Weights | None:
             or b.dtype not in (np.uint8, np.int8) or not 1 <= b.shape[0] <= INT8_MAX_K or b.shape[1] < 1:
         return None
     rows, cols = b.shape
-    shift = 128 if b.dtype == np.uint8 else 0
-    zp = np.zeros(cols, np.int32)
-    if zero_point is not None:
-        z = np.asarray(zero_point)
-        if z.dtype != b.dtype or z.size not in (1, cols) or (z.size == cols != 1 and z.ndim != 1):
-            return None  # the numpy path reports it
-        zp[:] = z.reshape(-1).astype(np.int32)
+    signed = _int8_domain(b, zero_point, cols)
+    if signed is None:
+        return None
     k4, npad = -(-rows // 4) * 4, -(-cols // 32) * 32
     full = np.zeros((k4, npad), np.int8)
-    full[:rows, :cols] = b.astype(np.int16) - shift
+    full[:rows, :cols] = signed[0]
     packed = np.ascontiguousarray(full.reshape(k4 // 4, 4, npad // 16, 16).transpose(2, 0, 3, 1))
     zb = np.zeros(npad, np.int32)
-    zb[:cols] = zp - shift
+    zb[:cols] = signed[1]
     colsum = np.zeros(npad, np.int32)
     colsum[:cols] = full[:, :cols].sum(axis=0, dtype=np.int32)
     return Int8Weights(packed, zb, colsum, rows, cols)
@@ -355,20 +367,17 @@ def pack_conv_int8(w, zero_point=None) -> tuple[np.ndarray, np.ndarray] | None:
     of 4) and the zero points in the same domain (int32 [M]). None where this CPU has
     no 8-bit convolution, or the arrays are not such."""
     k = K
-    if k is None or not k.qconv8_ready() or type(w) is not np.ndarray or w.dtype not in (np.int8, np.uint8) \
+    if k is None or not k.igemm_ready() or type(w) is not np.ndarray or w.dtype not in (np.int8, np.uint8) \
             or w.ndim < 3 or 0 in w.shape:
         return None
     m = w.shape[0]
     rows = w.reshape(m, -1)
     if rows.shape[1] > INT8_MAX_K:
         return None  # (the kernel's int32 corrections stay exact up to this)
-    zp = np.zeros(m, np.int32) if zero_point is None else np.asarray(zero_point)
-    if zero_point is not None and (zp.dtype != w.dtype or zp.size not in (1, m)):
+    signed = _int8_domain(rows, zero_point, m)
+    if signed is None:
         return None
-    zw = np.broadcast_to(zp.reshape(-1).astype(np.int32), (m,)).copy()
-    if w.dtype == np.uint8:
-        rows = (rows ^ np.uint8(0x80)).view(np.int8)
-        zw -= 128
+    rows, zw = signed
     kp = (rows.shape[1] + 3) // 4 * 4
     w8 = np.zeros((m, kp), np.int8)
     w8[:, : rows.shape[1]] = rows
@@ -389,13 +398,13 @@ def pack_nbits_weights(centred, scales, k: int, block: int) -> NBitsWeights | No
     """``centred`` (int8 ``[N, blocks * block]``: a 4-bit weight's codes minus their
     zero points, zeros past ``k``) and ``scales`` (``[N, blocks]``) packed for
     :func:`nbits_matmul`; None where this CPU has no 8-bit products."""
-    kern = K
-    if kern is None or not kern.igemm_ready() or centred.dtype != np.int8 or centred.ndim != 2 or block % 4:
+    if type(centred) is not np.ndarray or centred.dtype != np.int8 or centred.ndim != 2 or block % 4:
         return None
     n, kp = centred.shape
     nb = kp // block
-    if nb * block != kp or scales.shape != (n, nb) or kp > INT8_MAX_K:
+    if nb * block != kp or scales.shape != (n, nb):
         return None
+    # (None where this CPU has no 8-bit products, or the rows pass INT8_MAX_K)
     w = pack_int8_weights(np.ascontiguousarray(centred.T))
     if w is None:
         return None

@@ -457,15 +457,10 @@ done:
  * max|a|), every operation in float32 as the numpy path (_int8_blocks) does it. */
 NATIVE_CLONES static void int8_blocks_row(const float *restrict a, float *restrict y, Py_ssize_t k, Py_ssize_t block)
 {
-    const float floor_ = 127.0f / 3.4028234663852886e+38f;
     for (Py_ssize_t b0 = 0; b0 < k; b0 += block) {
         Py_ssize_t n = b0 + block < k ? block : k - b0;
-        float amax = 0.0f;
-        for (Py_ssize_t i = 0; i < n; i++) {
-            float v = fabsf(a[b0 + i]);
-            amax = v > amax ? v : amax;
-        }
-        const float inv = 127.0f / (amax > floor_ ? amax : floor_), scale = amax / 127.0f;
+        float scale;
+        const float inv = int8_block_factor(a + b0, n, &scale);
         for (Py_ssize_t i = 0; i < n; i++)
             y[b0 + i] = rintf(a[b0 + i] * inv) * scale;
     }

@@ -21,12 +21,8 @@
 
 #include <math.h>
 
-#if defined(__GNUC__) && defined(__x86_64__) && (defined(__clang__) || __GNUC__ >= 9)
-#define IG_BUILT 1
+#if VNNI_BUILT
 #include <immintrin.h>
-#define IG_TARGET __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512vnni")))
-#else
-#define IG_BUILT 0
 #endif
 
 /* Rows of a micro-tile; its columns are two panels (32). */
@@ -52,13 +48,13 @@ typedef struct {
     int failed, nan;
 } ig_job;
 
-#if IG_BUILT
+#if VNNI_BUILT
 
 /* Rows r0 .. r1 of A as uint8 rows of k4 bytes (zeros past k) into ``dst``, their sums
  * into ``rowsum``; rows up to a whole micro-tile are zeros. Float A is quantized as
  * DynamicQuantizeLinear: saturate(rint(x / scale) + za), the quotient in float32 as
  * the numpy path divides; a NaN sets job->nan (the caller falls back). */
-IG_TARGET static void ig_rows(ig_job *j, Py_ssize_t r0, Py_ssize_t r1, uint8_t *dst, int32_t *rowsum)
+VNNI_TARGET static void ig_rows(ig_job *j, Py_ssize_t r0, Py_ssize_t r1, uint8_t *dst, int32_t *rowsum)
 {
     const Py_ssize_t k = j->k, k4 = j->k4;
     Py_ssize_t rows = r1 - r0, padded = (rows + MR - 1) / MR * MR;
@@ -122,7 +118,7 @@ static inline int32_t ig_four(const uint8_t *p)
  * copies an array of vectors between registers on every multiply-add. The scale and
  * bias are applied with explicitly rounded operations, which the compiler cannot
  * contract into an FMA: a multiply, then an add, each rounded, as numpy does them. */
-IG_TARGET static void ig_tile(const ig_job *j, const uint8_t *a, const int32_t *rowsum, Py_ssize_t row,
+VNNI_TARGET static void ig_tile(const ig_job *j, const uint8_t *a, const int32_t *rowsum, Py_ssize_t row,
                               Py_ssize_t col, int mr)
 {
     const Py_ssize_t kq = j->k4 / 4, k4 = j->k4;
@@ -183,7 +179,7 @@ IG_TARGET static void ig_tile(const ig_job *j, const uint8_t *a, const int32_t *
 /* A task: a block of rows by a block of columns. Its rows are brought to uint8 in the
  * thread's scratch, then every pair of panels runs down them in micro-tiles (the
  * panels, K x 32 bytes, stay in cache while the rows pass). */
-IG_TARGET static void ig_task(void *arg, Py_ssize_t t)
+VNNI_TARGET static void ig_task(void *arg, Py_ssize_t t)
 {
     ig_job *j = arg;
     const Py_ssize_t r0 = (t / j->col_tasks) * j->row_block, c0 = (t % j->col_tasks) * j->col_block;
@@ -225,7 +221,8 @@ int vnni_ready(void)
 
 PyDoc_STRVAR(igemm_ready_doc,
 "igemm_ready()\n\n"
-"Whether this CPU runs the 8-bit matrix product (AVX-512 with VNNI).");
+"Whether this CPU runs the 8-bit kernels: igemm, qconv8 and nbits_matmul (AVX-512 with\n"
+"VNNI).");
 
 static PyObject *igemm_ready(PyObject *self, PyObject *noargs)
 {
@@ -369,7 +366,7 @@ static PyObject *igemm(PyObject *self, PyObject *args)
     Py_ssize_t col_tasks = want < pairs / 4 ? want : (pairs / 4 > 1 ? pairs / 4 : 1);
     j.col_block = (pairs + col_tasks - 1) / col_tasks * NR;
     j.col_tasks = (j.npad + j.col_block - 1) / j.col_block;
-#if IG_BUILT
+#if VNNI_BUILT
     Py_BEGIN_ALLOW_THREADS
     pool_run(ig_task, &j, row_tasks * j.col_tasks, threads);
     Py_END_ALLOW_THREADS
@@ -407,7 +404,7 @@ static int range_scalar(const float *v, Py_ssize_t i, Py_ssize_t n, float *lo, f
     return nan;
 }
 
-#if IG_BUILT
+#if VNNI_BUILT
 /* vminps / vmaxps return their second operand where either is NaN: the extremes stay
  * those of the numbers, and the NaN is noted by an unordered compare. Two sets of
  * extremes, so that one's latency hides behind the other's. */
@@ -460,7 +457,7 @@ static PyObject *float_range(PyObject *self, PyObject *arg)
     const Py_ssize_t n = x.view.len / 4;
     float lo = INFINITY, hi = -INFINITY;
     int nan;
-#if IG_BUILT
+#if VNNI_BUILT
     if (avx512f_here())
         nan = range_avx512(v, n, &lo, &hi);
     else

@@ -11,6 +11,7 @@
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -125,9 +126,34 @@ extern PyMethodDef winograd_methods[];
 extern PyMethodDef direct_methods[];
 extern PyMethodDef gqa_methods[];
 extern PyMethodDef rnn_methods[];
-/* Whether this CPU runs the 8-bit kernels (igemm.c, qconv8.c, nbits8.c): AVX-512 F,
- * BW, DQ, VL and VNNI, and BMI2. */
+/* The 8-bit kernels (igemm.c, qconv8.c, nbits8.c): built where the compiler can target
+ * AVX-512 VNNI, run where vnni_ready() says this CPU has AVX-512 F, BW, DQ, VL and
+ * VNNI, and BMI2. */
+#if defined(__GNUC__) && defined(__x86_64__) && (defined(__clang__) || __GNUC__ >= 9)
+#define VNNI_BUILT 1
+#define VNNI_TARGET __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,bmi2")))
+#else
+#define VNNI_BUILT 0
+#endif
 int vnni_ready(void);
+
+/* MatMulNBits' int8 rounding of A (accuracy_level 4), one block of n values a: the
+ * factor its codes are taken with, rint(a * factor), and in *scale the step
+ * max|a| / 127 that multiplies them back; every operation in float32 as the numpy
+ * path (_int8_blocks) does it. The floor keeps 127 / max|a| finite: an all-zero
+ * block's codes are 0 against any finite factor. Shared by int8_blocks
+ * (elementwise.c) and nbits_matmul (nbits8.c), whose codes must be the same. */
+static inline float int8_block_factor(const float *a, Py_ssize_t n, float *scale)
+{
+    float amax = 0.0f;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        const float v = fabsf(a[i]);
+        amax = v > amax ? v : amax;
+    }
+    *scale = amax / 127.0f;
+    const float floor_ = 127.0f / 3.4028234663852886e+38f;
+    return 127.0f / (amax > floor_ ? amax : floor_);
+}
 extern PyMethodDef igemm_methods[];
 extern PyMethodDef qconv8_methods[];
 extern PyMethodDef nbits8_methods[];

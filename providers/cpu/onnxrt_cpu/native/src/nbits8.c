@@ -20,12 +20,8 @@
 #include <stdint.h>
 #include <string.h>
 
-#if defined(__GNUC__) && defined(__x86_64__) && (defined(__clang__) || __GNUC__ >= 9)
-#define NB_BUILT 1
+#if VNNI_BUILT
 #include <immintrin.h>
-#define NB_TARGET __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512vnni")))
-#else
-#define NB_BUILT 0
 #endif
 
 /* Rows of a register tile; its columns are two panels (32). */
@@ -46,24 +42,17 @@ typedef struct {
     Py_ssize_t row_tasks, col_tasks;
 } nb_job;
 
-#if NB_BUILT
+#if VNNI_BUILT
 
 /* Row r of A into codes + 128 and block scales, every operation in float32 as
  * int8_blocks_row (elementwise.c) and the numpy path do it. */
-NB_TARGET static void nb_quantize_row(const nb_job *j, Py_ssize_t r)
+VNNI_TARGET static void nb_quantize_row(const nb_job *j, Py_ssize_t r)
 {
-    const float floor_ = 127.0f / 3.4028234663852886e+38f;
     const float *a = j->a + r * j->k;
     uint8_t *q = j->codes + r * j->kp;
     for (Py_ssize_t b = 0; b < j->nb; b++) {
         const Py_ssize_t b0 = b * j->block, n = b0 + j->block <= j->k ? j->block : (j->k > b0 ? j->k - b0 : 0);
-        float amax = 0.0f;
-        for (Py_ssize_t i = 0; i < n; i++) {
-            const float v = fabsf(a[b0 + i]);
-            amax = v > amax ? v : amax;
-        }
-        const float inv = 127.0f / (amax > floor_ ? amax : floor_);
-        j->sa[r * j->nb + b] = amax / 127.0f;
+        const float inv = int8_block_factor(a + b0, n, j->sa + r * j->nb + b);
         for (Py_ssize_t i = 0; i < n; i++)
             q[b0 + i] = (uint8_t)((int)rintf(a[b0 + i] * inv) + 128);
         for (Py_ssize_t i = n; i < j->block; i++)
@@ -71,7 +60,7 @@ NB_TARGET static void nb_quantize_row(const nb_job *j, Py_ssize_t r)
     }
 }
 
-NB_TARGET static void nb_quantize_task(void *arg, Py_ssize_t t)
+VNNI_TARGET static void nb_quantize_task(void *arg, Py_ssize_t t)
 {
     const nb_job *j = arg;
     const Py_ssize_t r1 = (t + 1) * NB_ROWS < j->m ? (t + 1) * NB_ROWS : j->m;
@@ -104,7 +93,7 @@ NB_TARGET static void nb_quantize_task(void *arg, Py_ssize_t t)
     } while (0)
 
 /* Rows row .. row + mr (mr <= 4) by columns col .. col + 32 (two panels). */
-NB_TARGET static void nb_tile(const nb_job *j, Py_ssize_t row, int mr, Py_ssize_t col)
+VNNI_TARGET static void nb_tile(const nb_job *j, Py_ssize_t row, int mr, Py_ssize_t col)
 {
     const Py_ssize_t kq = j->kp / 4;
     const int8_t *p0 = j->w + (col / 16) * kq * 64, *p1 = p0 + kq * 64;
@@ -147,7 +136,7 @@ NB_TARGET static void nb_tile(const nb_job *j, Py_ssize_t row, int mr, Py_ssize_
 
 /* A task: a block of NB_ROWS rows by one pair of panels (the panels stay in cache while
  * the rows pass). */
-NB_TARGET static void nb_task(void *arg, Py_ssize_t t)
+VNNI_TARGET static void nb_task(void *arg, Py_ssize_t t)
 {
     const nb_job *j = arg;
     const Py_ssize_t r0 = (t / j->col_tasks) * NB_ROWS, col = (t % j->col_tasks) * NB_NR;
@@ -215,7 +204,7 @@ static PyObject *nbits_matmul(PyObject *self, PyObject *args)
             PyErr_NoMemory();
             goto done;
         }
-#if NB_BUILT
+#if VNNI_BUILT
         j.row_tasks = (j.m + NB_ROWS - 1) / NB_ROWS;
         j.col_tasks = j.npad / NB_NR;
         Py_BEGIN_ALLOW_THREADS

@@ -26,12 +26,8 @@
 #include <stdint.h>
 #include <string.h>
 
-#if defined(__GNUC__) && defined(__x86_64__) && (defined(__clang__) || __GNUC__ >= 9)
-#define Q8_BUILT 1
+#if VNNI_BUILT
 #include <immintrin.h>
-#define Q8_TARGET __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,bmi2")))
-#else
-#define Q8_BUILT 0
 #endif
 
 /* Output channels and positions of one register tile. */
@@ -56,13 +52,13 @@ typedef struct {
     int failed;
 } q8_job;
 
-#if Q8_BUILT
+#if VNNI_BUILT
 
 /* ``n`` bytes of ``v`` at ``d``, and up to 63 bytes after them: a row is written left
  * to right, each run's spill overwritten by the next, into buffers 64 bytes longer
  * than the row (masked byte stores are slow on some CPUs, and a load of the bytes
  * just stored waits for them; the runs are often a map's width, a few bytes). */
-Q8_TARGET static inline void q8_fill(uint8_t *d, Py_ssize_t n, __m512i v)
+VNNI_TARGET static inline void q8_fill(uint8_t *d, Py_ssize_t n, __m512i v)
 {
     for (; n > 0; n -= 64, d += 64)
         _mm512_storeu_si512(d, v);
@@ -92,7 +88,7 @@ static q8_span q8_span_of(const q8_job *j, Py_ssize_t kx)
  * ``plane`` and tap (ky, span) as bytes into ``d``: int8 input shifted to uint8, taps
  * in the padding the zero point. No division here: a layer of a small map runs this
  * for every one of its K rows and every chunk. */
-Q8_TARGET static void q8_gather_row(const q8_job *j, const uint8_t *plane, Py_ssize_t ky, const q8_span *span,
+VNNI_TARGET static void q8_gather_row(const q8_job *j, const uint8_t *plane, Py_ssize_t ky, const q8_span *span,
                                     Py_ssize_t oy, Py_ssize_t ox, Py_ssize_t len, uint8_t *restrict d)
 {
     const Py_ssize_t sw = j->sw, w = j->w, ix0 = span->ix0, ja = span->ja, jb = span->jb;
@@ -150,7 +146,7 @@ static void q8_padded_size(const q8_job *j, Py_ssize_t *hp, Py_ssize_t *wp)
     *wp = j->w + j->pl > need_w ? j->w + j->pl : need_w;
 }
 
-Q8_TARGET static void q8_pad_planes(const q8_job *j, const uint8_t *xg, Py_ssize_t hp, Py_ssize_t wp,
+VNNI_TARGET static void q8_pad_planes(const q8_job *j, const uint8_t *xg, Py_ssize_t hp, Py_ssize_t wp,
                                     uint8_t *restrict planes)
 {
     const __m512i pad = _mm512_set1_epi8((char)j->zx), flip = _mm512_set1_epi8(j->x_signed ? (char)0x80 : 0);
@@ -169,7 +165,7 @@ Q8_TARGET static void q8_pad_planes(const q8_job *j, const uint8_t *xg, Py_ssize
 /* Every output position of tap (ky, kx) of the padded plane ``plane``, row after row,
  * into ``d`` (runs of ow bytes; each store's spill is overwritten by the next). At
  * stride 2 along rows, the even bytes: the low bytes of 16-bit words. */
-Q8_TARGET static void q8_gather_padded(const q8_job *j, const uint8_t *plane, Py_ssize_t wp, Py_ssize_t ky,
+VNNI_TARGET static void q8_gather_padded(const q8_job *j, const uint8_t *plane, Py_ssize_t wp, Py_ssize_t ky,
                                        Py_ssize_t kx, uint8_t *restrict d)
 {
     const uint8_t *src = plane + ky * j->dh * wp + kx * j->dw;
@@ -185,7 +181,7 @@ Q8_TARGET static void q8_gather_padded(const q8_job *j, const uint8_t *plane, Py
 }
 
 /* Four rows of ``np`` bytes (a multiple of 16) interleaved into [np][4]. */
-Q8_TARGET static void q8_interleave(const uint8_t *r0, const uint8_t *r1, const uint8_t *r2, const uint8_t *r3,
+VNNI_TARGET static void q8_interleave(const uint8_t *r0, const uint8_t *r1, const uint8_t *r2, const uint8_t *r3,
                                     Py_ssize_t np, uint8_t *restrict d)
 {
     for (Py_ssize_t p = 0; p < np; p += 16) {
@@ -202,7 +198,7 @@ Q8_TARGET static void q8_interleave(const uint8_t *r0, const uint8_t *r1, const 
 
 /* Requantize 16 accumulators of channel ``m`` (corrected by ``xs``, the positions'
  * sums, where given) into 16 (masked) output bytes at ``dst``. */
-Q8_TARGET static inline void q8_store(const q8_job *j, __m512i acc, Py_ssize_t m, const int32_t *xs,
+VNNI_TARGET static inline void q8_store(const q8_job *j, __m512i acc, Py_ssize_t m, const int32_t *xs,
                                       __mmask16 mask, void *dst)
 {
     __m512i v = _mm512_add_epi32(acc, _mm512_set1_epi32(j->colterm[m]));
@@ -245,7 +241,7 @@ Q8_TARGET static inline void q8_store(const q8_job *j, __m512i acc, Py_ssize_t m
 /* Channels m0 <= m < m0 + mr (mr <= 8) of group ``gi`` against positions p <= q < p +
  * np (np <= 32) of the gathered columns ``cols`` ([k4][ncols][4]), into ``out`` (the
  * group's first output channel at position p0 of the chunk). */
-Q8_TARGET static void q8_tile(const q8_job *j, const uint8_t *cols, Py_ssize_t ncols, const int32_t *xs,
+VNNI_TARGET static void q8_tile(const q8_job *j, const uint8_t *cols, Py_ssize_t ncols, const int32_t *xs,
                               Py_ssize_t gm, Py_ssize_t m0, int mr, Py_ssize_t p, int np, char *out)
 {
     const Py_ssize_t kp = 4 * j->k4;
@@ -281,7 +277,7 @@ Q8_TARGET static void q8_tile(const q8_job *j, const uint8_t *cols, Py_ssize_t n
 }
 
 /* One task: image, group and chunk of positions. */
-Q8_TARGET static void q8_task(void *arg, Py_ssize_t t)
+VNNI_TARGET static void q8_task(void *arg, Py_ssize_t t)
 {
     q8_job *j = arg;
     const Py_ssize_t chunk = t % j->chunks, rest = t / j->chunks, gi = rest % j->groups, i = rest / j->groups;
@@ -366,7 +362,7 @@ PyDoc_STRVAR(qconv8_doc,
 "or [1]: x_scale * w_scale / y_scale), into the 8-bit y [N, M, OH, OW] (int8 or\n"
 "uint8), as qconv2d: (acc + b) * mult rounded half to even, plus y_zero_point,\n"
 "saturated. The caller keeps every partial sum below 2**24. geometry as conv2d's.\n"
-"AVX-512 VNNI only (qconv8_ready()); runs on up to threads threads, without the GIL.");
+"AVX-512 VNNI only (igemm_ready()); runs on up to threads threads, without the GIL.");
 
 static PyObject *qconv8(PyObject *self, PyObject *args)
 {
@@ -468,7 +464,7 @@ static PyObject *qconv8(PyObject *self, PyObject *args)
         PyErr_Format(PyExc_MemoryError, "qconv8: a task's gathered columns exceed %.0f bytes", Q8_SCRATCH_LIMIT);
         goto done;
     }
-#if Q8_BUILT
+#if VNNI_BUILT
     if (j.n) {
         Py_BEGIN_ALLOW_THREADS
         pool_run(q8_task, &j, images * j.chunks, threads);
@@ -490,14 +486,7 @@ done:
     Py_RETURN_NONE;
 }
 
-PyDoc_STRVAR(qconv8_ready_doc,
-"qconv8_ready()\n\n"
-"Whether qconv8 runs on this CPU (AVX-512 with VNNI).");
-
-static PyObject *qconv8_ready(PyObject *self, PyObject *unused) { return PyBool_FromLong(vnni_ready()); }
-
 PyMethodDef qconv8_methods[] = {
-    {"qconv8_ready", qconv8_ready, METH_NOARGS, qconv8_ready_doc},
     {"qconv8", qconv8, METH_VARARGS, qconv8_doc},
     {NULL, NULL, 0, NULL},
 };
