@@ -68,6 +68,20 @@ Py_ssize_t nb_float_size(PyObject *obj, const char *what)
     return size;
 }
 
+Py_ssize_t nb_get_ratio(PyObject *obj, nbuf *nb, Py_ssize_t m, const char *who)
+{
+    char what[64];
+    snprintf(what, sizeof what, "%s: mult", who);
+    if (nb_get(obj, nb, 'f', 4, 1, 0, 0, what) < 0)
+        return -1;
+    const Py_ssize_t count = nb->view.len / 4;
+    if (count != 1 && count != m) {
+        PyErr_Format(PyExc_ValueError, "%s: mult holds %zd values, expected 1 or %zd", who, count, m);
+        return -1;
+    }
+    return count;
+}
+
 int nb_int8_kind(PyObject *obj, int *is_signed, const char *what)
 {
     Py_buffer probe;

@@ -287,14 +287,9 @@ static PyObject *qconv2d(PyObject *self, PyObject *args)
     if (nb_get(xo, &x, job.x_signed ? 'i' : 'u', 1, g.n * g.c * g.h * g.w, 0, 0, "qconv2d: x") < 0 ||
         nb_get(wo, &w, 'f', 4, g.m * K, 0, 0, "qconv2d: w") < 0 ||
         nb_get(bo, &b, 'f', 4, g.m, 0, 1, "qconv2d: b") < 0 ||
-        nb_get(mo, &mult, 'f', 4, 1, 0, 0, "qconv2d: mult") < 0 ||
+        (job.mult_n = nb_get_ratio(mo, &mult, g.m, "qconv2d")) < 0 ||
         nb_get(yo, &y, job.y_signed ? 'i' : 'u', 1, out, 1, 0, "qconv2d: y") < 0)
         goto done;
-    job.mult_n = mult.view.len / 4;
-    if (job.mult_n != 1 && job.mult_n != g.m) {
-        PyErr_Format(PyExc_ValueError, "qconv2d: mult holds %zd values, expected 1 or %zd", job.mult_n, g.m);
-        goto done;
-    }
     job.x = x.view.buf;
     job.w = w.view.buf;
     job.b = b.held ? b.view.buf : NULL;

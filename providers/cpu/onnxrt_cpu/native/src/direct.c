@@ -301,14 +301,9 @@ static PyObject *qdirect2d(PyObject *self, PyObject *args)
     if (nb_get(xo, &x, job.x_signed ? 'i' : 'u', 1, g.n * g.c * g.h * g.w, 0, 0, "qdirect2d: x") < 0 ||
         nb_get(wo, &w, 'f', 4, m * k, 0, 0, "qdirect2d: w") < 0 ||
         nb_get(bo, &b, 'f', 4, m, 0, 1, "qdirect2d: b") < 0 ||
-        nb_get(mo, &mult, 'f', 4, 1, 0, 0, "qdirect2d: mult") < 0 ||
+        (job.mult_n = nb_get_ratio(mo, &mult, m, "qdirect2d")) < 0 ||
         nb_get(yo, &y, job.y_signed ? 'i' : 'u', 1, out, 1, 0, "qdirect2d: y") < 0)
         goto done;
-    job.mult_n = mult.view.len / 4;
-    if (job.mult_n != 1 && job.mult_n != m) {
-        PyErr_Format(PyExc_ValueError, "qdirect2d: mult holds %zd values, expected 1 or %zd", job.mult_n, m);
-        goto done;
-    }
     job.x = x.view.buf;
     job.b = b.held ? b.view.buf : NULL;
     job.mult = mult.view.buf;

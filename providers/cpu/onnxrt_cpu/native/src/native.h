@@ -86,6 +86,10 @@ Py_ssize_t nb_float_size(PyObject *obj, const char *what);
 /* Whether an 8-bit array is int8 (``*is_signed`` 1) or uint8 (0): 0, or -1 with a
  * TypeError naming ``what`` for any other type. */
 int nb_int8_kind(PyObject *obj, int *is_signed, const char *what);
+/* An 8-bit convolution's scale ratio x_scale * w_scale / y_scale (QLinearConv's
+ * requantization): float32, one value or one per output channel of m; acquired into
+ * ``nb``, its count returned, or -1 with the error set naming ``who``. */
+Py_ssize_t nb_get_ratio(PyObject *obj, nbuf *nb, Py_ssize_t m, const char *who);
 
 /* ---- thread pool (pool.c) ------------------------------------------------------ */
 

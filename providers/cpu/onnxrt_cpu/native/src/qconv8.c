@@ -45,7 +45,7 @@ typedef struct {
     const int32_t *colterm;  /* [m]: K zx zw - zx sum w */
     const float *bias;       /* [m] or NULL */
     const float *mult;       /* [1] or [m] */
-    int mult_n;
+    Py_ssize_t mult_n;
     float yzp;
     void *y;
     Py_ssize_t k, k4, cg, mg, L, chunk, chunks;
@@ -412,14 +412,9 @@ static PyObject *qconv8(PyObject *self, PyObject *args)
         nb_get(wo, &w, 'i', 1, j.m * kp, 0, 0, "qconv8: w8") < 0 ||
         nb_get(zo, &z, 'i', 4, j.m, 0, 0, "qconv8: zw") < 0 ||
         nb_get(bo, &b, 'f', 4, j.m, 0, 1, "qconv8: b") < 0 ||
-        nb_get(mo, &mult, 'f', 4, 1, 0, 0, "qconv8: mult") < 0 ||
+        (j.mult_n = nb_get_ratio(mo, &mult, j.m, "qconv8")) < 0 ||
         nb_get(yo, &y, j.y_signed ? 'i' : 'u', 1, out, 1, 0, "qconv8: y") < 0)
         goto done;
-    j.mult_n = (int)(mult.view.len / 4);
-    if (j.mult_n != 1 && j.mult_n != j.m) {
-        PyErr_Format(PyExc_ValueError, "qconv8: mult holds %d values, expected 1 or %zd", j.mult_n, j.m);
-        goto done;
-    }
     if (j.x_signed ? (xzp < -128 || xzp > 127) : xzp < 0) {
         PyErr_Format(PyExc_ValueError, "qconv8: x_zero_point %d outside the input's type", xzp);
         goto done;
