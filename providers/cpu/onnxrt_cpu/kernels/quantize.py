@@ -516,9 +516,9 @@ class QLinearMatMul(Kernel):
         # B packed for the compiled 8-bit products, where this CPU has them
         self.b_const = c.get(3)
         self.w8 = None
-        if 3 in c and 5 in c and c[3].ndim == 2 and np.asarray(c[5]).size in (1, c[3].shape[1]):
-            self.w8 = native.pack_int8_weights(c[3], np.asarray(c[5]).reshape(-1) if np.asarray(c[5]).size > 1
-                                               else np.asarray(c[5]))
+        if 3 in c and 5 in c:
+            zp = np.asarray(c[5])  # (pack_int8_weights refuses a B or zero point it cannot take)
+            self.w8 = native.pack_int8_weights(c[3], zp.reshape(-1) if zp.size > 1 else zp)
 
     def _compiled(self, a, a_zero_point, b, mult, out, y_zero_point):
         """The product and its requantization by the compiled 8-bit kernel: 8-bit A with
