@@ -14,7 +14,7 @@ import numpy as np
 from onnx.backend.test.case.node import collect_testcases
 
 sys.path[:0] = ["core", "providers/cpu"]
-from onnxrt.kernel import NodeInfo, decode_attribute  # noqa: E402
+from onnxrt.plugin.kernel import NodeInfo, decode_attribute  # noqa: E402
 from onnxrt_cpu.registry import REGISTRY  # noqa: E402
 import importlib  # noqa: E402
 import onnxrt_cpu.kernels as _k  # noqa: E402

@@ -44,11 +44,11 @@ def fake_provider():
     """Register the fake device provider for one test, then remove it."""
     from . import fakes
 
-    onnxrt.plugins.register_plugin(fakes, name="fakes")
+    onnxrt.plugin.discovery.register_plugin(fakes, name="fakes")
     try:
         yield fakes.FakeDeviceProvider
     finally:
-        onnxrt.plugins.unregister_plugin(fakes)
+        onnxrt.plugin.discovery.unregister_plugin(fakes)
 
 
 @pytest.fixture

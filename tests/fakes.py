@@ -10,8 +10,8 @@ import threading
 import numpy as np
 
 from onnxrt import hookimpl
-from onnxrt.kernel import Kernel, KernelRegistry
-from onnxrt.providers import Device, ExecutionProvider
+from onnxrt.plugin.kernel import Kernel, KernelRegistry
+from onnxrt.plugin.provider import Device, ExecutionProvider
 
 
 class FakeArray:

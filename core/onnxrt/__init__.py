@@ -20,15 +20,15 @@ from .errors import (
     OnnxRtError,
     RuntimeException,
 )
-from .hookspecs import hookimpl
-from .kernel import Kernel, KernelRegistry, NodeInfo
+from .plugin.hookspecs import hookimpl
+from .plugin.kernel import Kernel, KernelRegistry, NodeInfo
 from .options import ExecutionMode, GraphOptimizationLevel, RunOptions, SessionOptions
 from .ortvalue import IOBinding, OrtValue, get_device
-from .plugins import get_all_providers, get_available_providers, get_provider_info
-from .providers import Capability, Device, ExecutionProvider
+from .plugin.discovery import get_all_providers, get_available_providers, get_provider_info
+from .plugin.provider import Capability, Device, ExecutionProvider
 from .predictor import Predictor
 from .session import InferenceSession, ModelMetadata
-from .types import NodeArg
+from .run.feeds import NodeArg
 
 try:
     from importlib.metadata import version as _version

@@ -13,7 +13,7 @@ import onnx
 from onnx.backend.base import Backend, BackendRep
 
 from .options import SessionOptions
-from .plugins import get_available_providers, provider_registry
+from .plugin.discovery import get_available_providers, provider_registry
 from .session import InferenceSession
 
 __all__ = ["OnnxRtBackend", "OnnxRtBackendRep", "prepare", "run_model", "run_node", "supports_device", "is_compatible"]

@@ -7,7 +7,7 @@ import os
 from typing import Any
 
 from .errors import InvalidArgument
-from .limits import default_max_allocation_bytes
+from .run.limits import default_max_allocation_bytes
 
 __all__ = [
     "GraphOptimizationLevel",
@@ -19,7 +19,7 @@ __all__ = [
 ]
 
 #: The default cap on any single tensor a model may make (initializers, constant folding
-#: or run time): half the memory this process can have (see :mod:`onnxrt.limits`).
+#: or run time): half the memory this process can have (see :mod:`onnxrt.run.limits`).
 DEFAULT_MAX_ALLOCATION_BYTES = default_max_allocation_bytes()
 
 

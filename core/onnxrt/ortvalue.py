@@ -1,7 +1,7 @@
 """``OrtValue`` and ``IOBinding``: values that may live on a device.
 
 An ``OrtValue`` holds a host numpy array or a device array together with the
-:class:`~onnxrt.providers.Device` it lives on. Device values come from a provider
+:class:`~onnxrt.plugin.provider.Device` it lives on. Device values come from a provider
 (``OrtValue.ortvalue_from_numpy(a, "cuda", 0)`` uploads through the provider whose
 device kind is ``"cuda"``) or wrap an existing device array with no copy
 (:meth:`OrtValue.from_device_array`, :meth:`OrtValue.from_dlpack`).
@@ -31,7 +31,7 @@ __all__ = ["IOBinding", "OrtValue", "device_for", "get_device"]
 
 def get_device() -> str:
     """``"CPU"``, or ``"GPU"`` when a GPU provider is available (onnxruntime's convention)."""
-    from .plugins import get_available_providers
+    from .plugin.discovery import get_available_providers
 
     avail = get_available_providers()
     return "GPU" if any(p.startswith("CUDA") for p in avail) else "CPU"
@@ -44,12 +44,12 @@ _devices_lock = threading.Lock()
 
 
 def device_for(device_type: str, device_id: int = 0, session=None):
-    """The :class:`~onnxrt.providers.Device` for ``device_type``/``device_id``.
+    """The :class:`~onnxrt.plugin.provider.Device` for ``device_type``/``device_id``.
 
     A session's own provider devices come first (they share its memory pool and
     streams); otherwise the installed provider whose alias is ``device_type`` makes one.
     """
-    from .providers import HostDevice
+    from .plugin.provider import HostDevice
 
     kind = str(device_type).lower()
     if kind == "cpu":
@@ -62,7 +62,7 @@ def device_for(device_type: str, device_id: int = 0, session=None):
         dev = _devices.get((kind, device_id))
         if dev is not None:
             return dev
-        from .plugins import _availability, provider_registry
+        from .plugin.discovery import _availability, provider_registry
 
         for cls in provider_registry().classes():
             if kind not in [a.lower() for a in cls.aliases]:
@@ -91,7 +91,7 @@ class OrtValue:
 
     @property
     def device(self):
-        """The :class:`~onnxrt.providers.Device` holding the value."""
+        """The :class:`~onnxrt.plugin.provider.Device` holding the value."""
         if self._dev is None:
             self._dev = device_for(*self._device)
         return self._dev

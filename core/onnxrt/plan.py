@@ -17,7 +17,7 @@ from typing import Any, Callable
 import numpy as np
 
 from .errors import Fail, InvalidArgument, OnnxRtError, RuntimeException
-from .limits import _limit
+from .run.limits import _limit
 from .shape_memo import memoized_steps
 
 __all__ = ["Step", "Plan", "PlanBuilder", "RunContext"]
@@ -99,7 +99,7 @@ class Plan:
         if outer:
             for name, slot in self.outer_slots.items():
                 vals[slot] = outer[name]
-        # kernels read the cap through onnxrt.limits.check_allocation
+        # kernels read the cap through onnxrt.run.limits.check_allocation
         token = _limit.set(self.max_bytes) if _limit.get() != self.max_bytes else None
         # Floating-point overflow, division by zero and invalid operations give inf
         # and NaN as the ONNX ops define, never a warning: one numpy error state per

@@ -47,7 +47,7 @@ from onnx import ModelProto, TensorProto
 
 from .errors import Fail, InvalidArgument, NoModel, OnnxRtError
 from .options import SessionOptions
-from .types import NodeArg
+from .run.feeds import NodeArg
 
 __all__ = ["Predictor", "as_predictor", "outputs_to_frame"]
 
@@ -183,7 +183,7 @@ class Predictor:
         if self._session is not None:
             return self._session.get_inputs(), self._session.get_outputs()
         if self._io is None:
-            from .load import load_model
+            from .load.model import load_model
 
             if isinstance(self._model, bytes):
                 proto, _ = load_model(self._model)

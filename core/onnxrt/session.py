@@ -22,25 +22,25 @@ import onnx
 from onnx import ModelProto
 
 from .errors import Fail, InvalidArgument, InvalidGraph, NotImplemented, OnnxRtError
-from .functions import expand_functions
-from .ir import Graph, Node, tensor_to_array
-from .kernel import NodeInfo, decode_attribute
-from .heap import CONFIG_KEY as HEAP_CONFIG_KEY
-from .heap import tune_heap
-from .limits import CONFIG_KEY as LIMIT_CONFIG_KEY
-from .limits import limit_allocations
-from .load import check_versions, load_model
+from .ir.inline import expand_functions
+from .ir.graph import Graph, Node, tensor_to_array
+from .plugin.kernel import NodeInfo, decode_attribute
+from .run.malloc import CONFIG_KEY as HEAP_CONFIG_KEY
+from .run.malloc import tune_heap
+from .run.limits import CONFIG_KEY as LIMIT_CONFIG_KEY
+from .run.limits import limit_allocations
+from .load.model import check_versions, load_model
 from .logs import session_logging
 from .optimizer import OptimizeContext, run_transforms
 from .options import RunOptions, SessionOptions
-from .partition import cpu_preferred_nodes
+from .partition.cpu_preferred import cpu_preferred_nodes
 from .plan import Plan, PlanBuilder, RunContext, array_root, caller_owned
-from .plugins import resolve_providers
-from .providers import ExecutionProvider, HostDevice, group_io
+from .plugin.discovery import resolve_providers
+from .plugin.provider import ExecutionProvider, HostDevice, group_io
 from .shape_memo import CONFIG_KEY as SHAPE_MEMO_CONFIG_KEY
-from .threads import ThreadSettings
-from .wire import split_large_weights
-from .types import FeedChecker, NodeArg
+from .run.threads import ThreadSettings
+from .load.large_weights import split_large_weights
+from .run.feeds import FeedChecker, NodeArg
 
 __all__ = ["InferenceSession", "ModelMetadata", "Subgraph"]
 
@@ -127,7 +127,7 @@ class InferenceSession:
             self._sess_options = copy.copy(self._sess_options)
             self._sess_options.disabled_optimizers = list(self._sess_options.disabled_optimizers) + list(disabled)
         self._model_path = path_or_bytes if isinstance(path_or_bytes, str) else None
-        from .profiling import Profiler
+        from .run.profiling import Profiler
 
         self._profiler = Profiler(self._sess_options) if self._sess_options.enable_profiling else None
         t0 = self._profiler.now() if self._profiler else 0
@@ -557,7 +557,7 @@ _LARGE_WEIGHT = 1024
 
 def _load_with_weights(model) -> tuple[ModelProto, Path | None, dict[str, np.ndarray]]:
     """:func:`~onnxrt.load.load_model`, with the large weights of a big model file read
-    straight from the file (:mod:`onnxrt.wire`) and returned beside the model rather
+    straight from the file (:mod:`onnxrt.load.large_weights`) and returned beside the model rather
     than inside it; everything else goes the ordinary way."""
     if isinstance(model, (str, os.PathLike)):
         path = Path(model)

@@ -15,7 +15,7 @@ How onnxrt drives a compiling provider:
 3. Each run calls ``kernel.run(*inputs)`` with the group's external inputs (values it
    reads but does not produce) in the order they are first read, and expects back the
    values used after the group (graph outputs, or inputs of later nodes) in the order the
-   group's nodes produce them. :func:`onnxrt.providers.group_io` computes both lists.
+   group's nodes produce them. :func:`onnxrt.plugin.provider.group_io` computes both lists.
 
 The group must be safe to run as one step: here it is a run of consecutive nodes in
 topological order, each reading a value produced earlier in the run, so everything the
@@ -29,7 +29,7 @@ shows the plumbing and stays correct.
 from __future__ import annotations
 
 from onnxrt import Capability, Kernel, NodeInfo
-from onnxrt.providers import group_io
+from onnxrt.plugin.provider import group_io
 
 __all__ = ["elementwise_groups", "FusedChain"]
 

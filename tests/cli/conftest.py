@@ -22,10 +22,10 @@ def wrong_sigmoid():
     """Register the provider with the wrong Sigmoid for one test, then remove it."""
     from . import planted
 
-    onnxrt.plugins.register_plugin(planted, name="planted")
+    onnxrt.plugin.discovery.register_plugin(planted, name="planted")
     planted.WrongSigmoidProvider.targets = None
     try:
         yield planted.WrongSigmoidProvider
     finally:
         planted.WrongSigmoidProvider.targets = None
-        onnxrt.plugins.unregister_plugin(planted)
+        onnxrt.plugin.discovery.unregister_plugin(planted)

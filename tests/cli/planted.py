@@ -7,8 +7,8 @@ them when ``targets`` is None), so a test can plant the error at one chosen node
 import numpy as np
 
 from onnxrt import hookimpl
-from onnxrt.kernel import Kernel, KernelRegistry
-from onnxrt.providers import Capability, ExecutionProvider
+from onnxrt.plugin.kernel import Kernel, KernelRegistry
+from onnxrt.plugin.provider import Capability, ExecutionProvider
 
 
 class WrongSigmoidProvider(ExecutionProvider):

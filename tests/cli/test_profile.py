@@ -12,7 +12,7 @@ import pytest
 
 import onnxrt
 from onnxrt.cli import main
-from onnxrt.profiling import load_trace, op_time_table
+from onnxrt.run.profiling import load_trace, op_time_table
 
 from .conftest import DIMS, YOLO
 

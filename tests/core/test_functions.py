@@ -5,7 +5,7 @@ import pytest
 from onnx import TensorProto, helper
 
 import onnxrt as ort
-from onnxrt.functions import expand_functions
+from onnxrt.ir.inline import expand_functions
 from onnxrt.ir import Graph
 
 from ..conftest import make_model

@@ -1,4 +1,4 @@
-"""The heap thresholds (onnxrt.heap): runs with mid-sized intermediates stop page-faulting.
+"""The heap thresholds (onnxrt.run.malloc): runs with mid-sized intermediates stop page-faulting.
 
 Each case runs in a fresh interpreter, since the setting is per process and made once.
 """
@@ -28,7 +28,7 @@ _SCRIPT = textwrap.dedent(
     import onnx
     from onnx import TensorProto, helper
     import onnxrt
-    from onnxrt.heap import heap_tuned
+    from onnxrt.run.malloc import heap_tuned
 
     ops = ("Relu", "Neg", "Exp", "Sigmoid", "Abs", "Tanh")
     nodes = [helper.make_node(op, ["x"], [f"t{i}"]) for i, op in enumerate(ops)]

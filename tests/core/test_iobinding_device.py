@@ -202,7 +202,7 @@ def test_a_custom_op_named_shape_still_reads_the_data(fake_provider, data):
     model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("test.data", 1)],
                               ir_version=10).SerializeToString()
     plugin = _SumNamedShape()
-    ort.plugins.register_plugin(plugin, name="sum_named_shape")
+    ort.plugin.register_plugin(plugin, name="sum_named_shape")
     try:
         sess = ort.InferenceSession(model, providers=PROVIDERS)
         want_y, want_x = (np.maximum(x, 0) + z).sum(), x.sum()
@@ -217,4 +217,4 @@ def test_a_custom_op_named_shape_still_reads_the_data(fake_provider, data):
         sy, sx = b.copy_outputs_to_cpu()
         np.testing.assert_allclose([sy[0], sx[0]], [want_y, want_x], rtol=1e-6)
     finally:
-        ort.plugins.unregister_plugin(plugin)
+        ort.plugin.unregister_plugin(plugin)

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from onnxrt.kernel import Kernel, KernelRegistry, NodeInfo, NoKernelError
+from onnxrt.plugin.kernel import Kernel, KernelRegistry, NodeInfo, NoKernelError
 
 
 def _reg():

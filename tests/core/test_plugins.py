@@ -8,7 +8,7 @@ import pytest
 from onnx import TensorProto, helper
 
 import onnxrt as ort
-from onnxrt import plugins
+from onnxrt.plugin import discovery as plugins
 
 from ..conftest import make_model
 
@@ -37,8 +37,8 @@ def isolated_plugins(tmp_path, monkeypatch):
 GOOD = """
     import numpy as np
     from onnxrt import hookimpl
-    from onnxrt.kernel import KernelRegistry
-    from onnxrt.providers import ExecutionProvider
+    from onnxrt.plugin.kernel import KernelRegistry
+    from onnxrt.plugin.provider import ExecutionProvider
 
     class NegProvider(ExecutionProvider):
         name = "NegExecutionProvider"

@@ -1,4 +1,4 @@
-"""Large weights read straight from the model file (onnxrt.wire): the same model as the
+"""Large weights read straight from the model file (onnxrt.load.large_weights): the same model as the
 ordinary parse, every fallback taken where it should be, and half the peak memory."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import onnxrt
-from onnxrt import wire
+from onnxrt.load import large_weights as wire
 from onnxrt.errors import InvalidArgument, InvalidGraph, InvalidProtobuf
 
 

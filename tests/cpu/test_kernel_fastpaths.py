@@ -7,7 +7,7 @@
   onnxruntime;
 - ``onnxrt_cpu.parallel``: ``parallel_for`` runs each chunk once and re-raises
   errors; the split matrix products equal ``np.matmul``;
-- ``onnxrt.threads``: a run sees its session's ``intra_op_num_threads`` and a
+- ``onnxrt.run.threads``: a run sees its session's ``intra_op_num_threads`` and a
   single-threaded BLAS, restored when the last concurrent run ends, and two sessions
   with different settings run side by side from two threads without disturbing
   each other.
@@ -22,8 +22,8 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import onnxrt as ort
-from onnxrt import plugins
-from onnxrt.threads import ThreadSettings, blas_threads, current_thread_count
+from onnxrt.plugin import discovery as plugins
+from onnxrt.run.threads import ThreadSettings, blas_threads, current_thread_count
 from onnxrt_cpu import parallel
 from onnxrt_cpu.kernels import conv as conv_kernels
 from tests.ort_oracle import int8_weight_range
@@ -1303,7 +1303,7 @@ def test_split_threshold_doubles_with_avx512_blas_kernels(archs, mflops, monkeyp
     """Products are split over threads from 12M multiply-adds, or 24M where the BLAS
     library's kernels run twice as fast; the threshold in effect is the one for the
     BLAS this process loaded."""
-    import onnxrt.threads as threads
+    import onnxrt.run.threads as threads
 
     monkeypatch.setattr(parallel, "blas_architectures", lambda: archs)
     assert parallel._min_flops() == mflops << 20

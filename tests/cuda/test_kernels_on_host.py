@@ -11,9 +11,9 @@ import onnxrt as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 from onnxrt import hookimpl
-from onnxrt.providers import HostDevice
+from onnxrt.plugin.provider import HostDevice
 from onnxrt_cuda.codegen import EwNode, EwProgram
-from onnxrt.providers import group_io
+from onnxrt.plugin.provider import group_io
 from onnxrt_cuda.provider import CUDAExecutionProvider
 from onnxrt_cuda.registry import build_registry
 
@@ -77,11 +77,11 @@ class _Plugin:
 @pytest.fixture(scope="module", autouse=True)
 def host_cuda():
     plugin = _Plugin()
-    ort.plugins.register_plugin(plugin, name="host_cuda")
+    ort.plugin.register_plugin(plugin, name="host_cuda")
     try:
         yield
     finally:
-        ort.plugins.unregister_plugin(plugin)
+        ort.plugin.unregister_plugin(plugin)
 
 
 def _opts(level=None):

@@ -11,7 +11,7 @@ import threading
 import numpy as np
 import onnxrt as ort
 import pytest
-from onnxrt.providers import ExecutionProvider
+from onnxrt.plugin.provider import ExecutionProvider
 from onnxrt_cuda import CUDAExecutionProvider, raw, runtime
 from onnxrt_cuda.codegen import EwProgram
 from onnxrt_cuda.device import CUDADevice

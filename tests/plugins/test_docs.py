@@ -14,7 +14,7 @@ import pytest
 from onnx import TensorProto, helper
 
 import onnxrt as ort
-from onnxrt import hookspecs, plugins
+from onnxrt.plugin import discovery as plugins, hookspecs
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "plugins.md"
 

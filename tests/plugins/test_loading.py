@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import onnxrt as ort
-from onnxrt import plugins
+from onnxrt.plugin import discovery as plugins
 from onnxrt.testing import models
 
 PREFIX = "tpl_"  # module names of this file's fake plugins
@@ -28,8 +28,8 @@ def provider_source(cls_name: str, provider_name: str, op: str = "Neg", extra: s
     members = textwrap.indent(textwrap.dedent(extra).strip("\n"), "    ")
     return (
         "from onnxrt import hookimpl\n"
-        "from onnxrt.kernel import KernelRegistry\n"
-        "from onnxrt.providers import ExecutionProvider\n\n\n"
+        "from onnxrt.plugin.kernel import KernelRegistry\n"
+        "from onnxrt.plugin.provider import ExecutionProvider\n\n\n"
         f"class {cls_name}(ExecutionProvider):\n"
         f"    name = {provider_name!r}\n"
         "    priority = 10\n"
@@ -124,8 +124,8 @@ def test_none_disables_automatic_loading(two_plugins, value):
 
 def test_run_time_registration_works_with_loading_disabled(two_plugins):
     got = _providers_in_subprocess(two_plugins, "none", """
-        import onnxrt.plugins, tpl_neg
-        onnxrt.plugins.register_plugin(tpl_neg)
+        import onnxrt.plugin.discovery, tpl_neg
+        onnxrt.plugin.discovery.register_plugin(tpl_neg)
     """)
     assert got["all"] == ["NegExecutionProvider"]
 

@@ -11,7 +11,7 @@ import onnx
 import pytest
 
 import onnxrt as ort
-from onnxrt import plugins
+from onnxrt.plugin import discovery as plugins
 from onnxrt.testing import (
     NodeRefused,
     claimed_ops,
@@ -142,7 +142,7 @@ def test_model_builders_make_valid_models():
 CONFTEST = '''
 import numpy as np
 import onnxrt as ort
-from onnxrt import plugins
+from onnxrt.plugin import discovery as plugins
 
 
 class TinyProvider(ort.ExecutionProvider):

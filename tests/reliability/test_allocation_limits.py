@@ -9,7 +9,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import onnxrt as ort
-from onnxrt.limits import (
+from onnxrt.run.limits import (
     CONFIG_KEY,
     allocation_limit,
     check_allocation,

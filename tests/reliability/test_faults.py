@@ -10,8 +10,8 @@ from onnx import TensorProto, helper
 
 import onnxrt as ort
 from onnxrt import hookimpl
-from onnxrt.kernel import Kernel, KernelRegistry
-from onnxrt.providers import ExecutionProvider
+from onnxrt.plugin.kernel import Kernel, KernelRegistry
+from onnxrt.plugin.provider import ExecutionProvider
 
 from ..conftest import make_model
 
@@ -83,11 +83,11 @@ class _Plugin:
 @pytest.fixture
 def faulty():
     plugin = _Plugin()
-    ort.plugins.register_plugin(plugin, name="faults")
+    ort.plugin.register_plugin(plugin, name="faults")
     try:
         yield
     finally:
-        ort.plugins.unregister_plugin(plugin)
+        ort.plugin.unregister_plugin(plugin)
 
 
 def _fault_model():

@@ -14,7 +14,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import onnxrt as ort
-from onnxrt.wire import encode_varint
+from onnxrt.load.large_weights import encode_varint
 from onnxrt.ir import MAX_NESTING
 
 from ..conftest import make_model

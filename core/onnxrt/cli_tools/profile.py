@@ -11,7 +11,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from ..profiling import load_trace, op_time_table
+from ..run.profiling import load_trace, op_time_table
 from .common import UsageError, add_model_args, console, make_feeds, make_session, model_path, progress
 
 __all__ = ["add_command", "cmd_profile", "plot_op_times"]

@@ -23,7 +23,7 @@ except ImportError as e:  # pragma: no cover - exercised in a subprocess by the 
     ) from e
 
 from ..errors import InvalidArgument
-from ..plugins import get_available_providers
+from ..plugin.discovery import get_available_providers
 from ..predictor import Predictor, as_predictor
 
 __all__ = ["PredictorUDF", "predict_dataset"]

@@ -101,7 +101,7 @@ def transformer_registry() -> TransformerRegistry:
 
         basic.register(reg)
         fusions.register(reg)
-        from ..plugins import plugin_manager
+        from ..plugin.discovery import plugin_manager
 
         plugin_manager().hook.onnxrt_register_transformers(registry=reg)
         _registry = reg

@@ -93,7 +93,7 @@ def _bypass(graph, pred) -> bool:
 
 def eliminate_noop(graph, ctx) -> bool:
     """Drop Cast to the same type and Reshape/Expand that keep a static shape."""
-    from ..types import shape_of
+    from ..run.feeds import shape_of
 
     def static(name):
         tp = graph.value_types.get(name)
@@ -123,7 +123,7 @@ def eliminate_noop(graph, ctx) -> bool:
 
 
 def _is_static(tp) -> bool:
-    from ..types import shape_of
+    from ..run.feeds import shape_of
 
     if tp is None or tp.WhichOneof("value") != "tensor_type":
         return False
@@ -146,7 +146,7 @@ def refresh_shapes(graph) -> bool:
     import onnx
     from onnx import helper, numpy_helper
 
-    from ..types import shape_of
+    from ..run.feeds import shape_of
 
     gp = onnx.GraphProto(name=graph.name)
     gp.node.extend(n.to_proto() for n in graph.nodes)
@@ -195,7 +195,7 @@ def refresh_shapes(graph) -> bool:
 
 def shape_folding(graph, ctx) -> bool:
     """Replace Shape/Size of statically shaped values by constants."""
-    from ..types import shape_of
+    from ..run.feeds import shape_of
 
     key = (len(graph.nodes), len(graph.initializers))
     if graph.parent is None and getattr(graph, "_shapes_refreshed_at", None) != key:
@@ -307,7 +307,7 @@ def constant_folding(graph, ctx, fold_dequantize: bool | None = None) -> bool:
     integers behind it, as onnxruntime's folding leaves it for its QDQ transformers);
     their ``qdq_constant_folding`` folds what they leave, with ``fold_dequantize``.
     """
-    from ..kernel import NoKernelError
+    from ..plugin.kernel import NoKernelError
 
     if fold_dequantize is None:
         fold_dequantize = not _qdq_fusions_follow(ctx)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 from onnx import helper
 
-from ..types import shape_of
+from ..run.feeds import shape_of
 
 __all__ = ["MS_DOMAIN", "ONNXRT_DOMAIN", "GraphView", "trim_inputs"]
 
@@ -167,7 +167,7 @@ class GraphView:
 
     def make_node(self, op_type: str, inputs, outputs, name: str, domain: str = "", **attrs):
         """A new IR node with the graph's opset for ``domain`` (1 for com.microsoft)."""
-        from ..ir import Node
+        from ..ir.graph import Node
 
         if domain and domain not in self.graph.opsets:
             self.graph.opsets[domain] = 1

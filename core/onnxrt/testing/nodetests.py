@@ -84,10 +84,10 @@ class NodeRefused(Exception):
 def claimed_ops(provider) -> set[tuple[str, str]]:
     """The (domain, op_type) pairs a provider's kernel registry holds.
 
-    :param provider: a provider name, alias or :class:`~onnxrt.providers.ExecutionProvider` class.
+    :param provider: a provider name, alias or :class:`~onnxrt.plugin.provider.ExecutionProvider` class.
     """
     from ..errors import InvalidArgument
-    from ..plugins import provider_registry
+    from ..plugin.discovery import provider_registry
 
     cls = provider if isinstance(provider, type) else provider_registry().lookup(provider)
     if cls is None:

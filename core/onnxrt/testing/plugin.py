@@ -104,7 +104,7 @@ def pytest_generate_tests(metafunc) -> None:
                                                "--onnxrt-provider NAME or the onnxrt_provider ini setting"),
         )], ids=["no-provider"])
         return
-    from ..plugins import provider_registry
+    from ..plugin.discovery import provider_registry
     from .nodetests import provider_node_tests
 
     xfail = dict(opts.get("xfail") or {})
@@ -137,7 +137,7 @@ def onnxrt_provider(request) -> str:
     if not names:
         pytest.skip("no provider under test: use the onnxrt_provider marker, --onnxrt-provider NAME "
                     "or the onnxrt_provider ini setting")
-    from ..plugins import provider_registry
+    from ..plugin.discovery import provider_registry
 
     cls = provider_registry().lookup(names[0])
     return cls.name if cls is not None else names[0]

@@ -115,7 +115,7 @@ def _load(model) -> onnx.ModelProto:
         return copy.deepcopy(model)
     if isinstance(model, (bytes, bytearray)):
         return onnx.load_from_string(bytes(model))
-    from ..load import load_model
+    from ..load.model import load_model
 
     proto, _ = load_model(str(model))
     return proto

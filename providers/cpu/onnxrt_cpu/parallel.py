@@ -1,7 +1,7 @@
 """Kernel threads: split work into chunks that a shared pool and the caller claim.
 
 ``parallel_for(count, fn)`` runs ``fn(0) ... fn(count - 1)`` over at most
-:func:`onnxrt.threads.current_thread_count` threads: the calling thread and workers of
+:func:`onnxrt.run.threads.current_thread_count` threads: the calling thread and workers of
 a process-wide pool. Chunks are claimed one at a time from a shared counter and the
 caller claims too, so it never waits for a worker that has not started (on a loaded
 machine it simply does all the chunks itself); it waits only for chunks a worker has
@@ -21,7 +21,7 @@ import threading
 
 import numpy as np
 
-from onnxrt.threads import blas_architectures, current_thread_count
+from onnxrt.run.threads import blas_architectures, current_thread_count
 
 __all__ = ["BLAS_ALIGNMENT", "PARALLEL_MIN_FLOPS", "blas_aligned", "bounds", "matmul", "matmul_nd", "parallel_for", "thread_count"]
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from onnxrt.kernel import KernelRegistry
-from onnxrt.providers import ExecutionProvider
+from onnxrt.plugin.kernel import KernelRegistry
+from onnxrt.plugin.provider import ExecutionProvider
 
 __all__ = ["CPUExecutionProvider"]
 

@@ -1,6 +1,6 @@
 """The CPU provider's kernel registry; kernel modules register into it with ``@op``."""
 
-from onnxrt.kernel import KernelRegistry
+from onnxrt.plugin.kernel import KernelRegistry
 
 REGISTRY = KernelRegistry()
 op = REGISTRY.op

@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 from onnxrt.errors import EPFail, InvalidArgument
-from onnxrt.providers import Device
+from onnxrt.plugin.provider import Device
 
 from .codegen import CTYPES
 from .runtime import DeviceScope

@@ -18,7 +18,7 @@ from __future__ import annotations
 import threading
 
 import numpy as np
-from onnxrt.providers import Capability
+from onnxrt.plugin.provider import Capability
 
 from .codegen import EwNode, EwProgram
 

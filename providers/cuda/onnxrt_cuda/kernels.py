@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 from onnx import helper
-from onnxrt.kernel import Kernel
+from onnxrt.plugin.kernel import Kernel
 
 from . import raw
 from .codegen import CTYPES

@@ -11,9 +11,9 @@ from typing import Any
 
 import numpy as np
 from onnxrt.errors import EPFail, InvalidArgument
-from onnxrt.kernel import KernelRegistry, NodeInfo
+from onnxrt.plugin.kernel import KernelRegistry, NodeInfo
 from onnxrt.partition import cpu_preferred_nodes
-from onnxrt.providers import Capability, Device, ExecutionProvider, flag_option, size_option
+from onnxrt.plugin.provider import Capability, Device, ExecutionProvider, flag_option, size_option
 
 from . import runtime
 from .codegen import CTYPES, fusable
@@ -169,7 +169,7 @@ class CUDAExecutionProvider(ExecutionProvider):
 
     def compile(self, capability: Capability, graph, node_info):
         """Compile a fused group of elementwise nodes into one generated kernel."""
-        from onnxrt.providers import group_io
+        from onnxrt.plugin.provider import group_io
 
         from .fusion import FusedKernel
 

@@ -17,7 +17,7 @@ check every kernel's arithmetic against the CPU provider without a GPU.
 
 from __future__ import annotations
 
-from onnxrt.kernel import KernelDef, KernelRegistry
+from onnxrt.plugin.kernel import KernelDef, KernelRegistry
 
 from .kernels import KERNELS
 

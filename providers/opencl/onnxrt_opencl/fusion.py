@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from onnxrt.providers import Capability, group_io
+from onnxrt.plugin.provider import Capability, group_io
 
 from .codegen import ElementwiseProgram, EwNode
 from .kernels.base import CLKernel

@@ -13,9 +13,9 @@ from typing import Any
 import numpy as np
 
 from onnxrt.errors import EPFail
-from onnxrt.kernel import KernelRegistry, NodeInfo
+from onnxrt.plugin.kernel import KernelRegistry, NodeInfo
 from onnxrt.partition import cpu_preferred_nodes
-from onnxrt.providers import Capability, Device, ExecutionProvider, flag_option, size_option
+from onnxrt.plugin.provider import Capability, Device, ExecutionProvider, flag_option, size_option
 
 __all__ = ["OpenCLExecutionProvider", "OpenCLDevice"]
 

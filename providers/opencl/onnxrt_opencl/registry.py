@@ -5,7 +5,7 @@ Kernels registered here are :class:`onnxrt_opencl.kernels.base.CLKernel` subclas
 the node then falls back to the CPU provider and the refusal reason is recorded.
 """
 
-from onnxrt.kernel import KernelRegistry
+from onnxrt.plugin.kernel import KernelRegistry
 
 REGISTRY = KernelRegistry()
 op = REGISTRY.op

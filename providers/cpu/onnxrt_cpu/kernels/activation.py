@@ -13,7 +13,7 @@ import math
 
 import numpy as np
 
-from onnxrt.kernel import Kernel
+from onnxrt.plugin.kernel import Kernel
 
 from .. import native
 from ..parallel import parallel_for, thread_count

@@ -16,7 +16,7 @@ import math
 
 import numpy as np
 from onnx import TensorProto
-from onnxrt.kernel import Kernel
+from onnxrt.plugin.kernel import Kernel
 
 from ..parallel import matmul_nd
 from ..registry import op

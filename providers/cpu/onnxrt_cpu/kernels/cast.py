@@ -15,7 +15,7 @@ import numpy as np
 from onnx import TensorProto
 
 from onnxrt.dtypes import np_dtype
-from onnxrt.kernel import Kernel
+from onnxrt.plugin.kernel import Kernel
 
 from ..registry import op
 

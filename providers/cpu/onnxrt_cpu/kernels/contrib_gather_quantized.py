@@ -22,7 +22,7 @@ tests/cpu/test_gather_block_quantized.py):
 from __future__ import annotations
 
 import numpy as np
-from onnxrt.kernel import Kernel
+from onnxrt.plugin.kernel import Kernel
 
 from ..registry import op
 from .contrib_matmul_nbits import _unpack_bits

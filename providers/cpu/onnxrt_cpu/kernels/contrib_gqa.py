@@ -44,8 +44,8 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from onnxrt.kernel import Kernel
-from onnxrt.limits import check_allocation
+from onnxrt.plugin.kernel import Kernel
+from onnxrt.run.limits import check_allocation
 
 from .. import native
 from ..parallel import thread_count

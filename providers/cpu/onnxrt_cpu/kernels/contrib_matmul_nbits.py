@@ -5,7 +5,7 @@ quantization of large language models)."""
 from __future__ import annotations
 
 import numpy as np
-from onnxrt.kernel import Kernel
+from onnxrt.plugin.kernel import Kernel
 
 from .. import native
 from ..parallel import matmul_nd

@@ -21,8 +21,8 @@ import functools
 import math
 
 import numpy as np
-from onnxrt.kernel import Kernel
-from onnxrt.windows import pool_geometry
+from onnxrt.plugin.kernel import Kernel
+from onnxrt.plugin.pool_geometry import pool_geometry
 
 from .. import native
 from ..registry import op

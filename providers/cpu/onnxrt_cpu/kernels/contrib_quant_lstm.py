@@ -4,7 +4,7 @@ are quantized on the fly, as ``onnxruntime.quantization.quantize_dynamic`` write
 from __future__ import annotations
 
 import numpy as np
-from onnxrt.kernel import Kernel, NodeInfo
+from onnxrt.plugin.kernel import Kernel, NodeInfo
 
 from .. import native
 from ..parallel import thread_count

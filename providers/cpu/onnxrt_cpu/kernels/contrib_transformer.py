@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from onnxrt.kernel import Kernel
+from onnxrt.plugin.kernel import Kernel
 
 from .. import native
 from ..parallel import matmul_nd

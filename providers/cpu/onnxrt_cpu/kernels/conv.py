@@ -45,8 +45,8 @@ import threading
 
 import numpy as np
 
-from onnxrt.kernel import Kernel
-from onnxrt.windows import conv_transpose_geometry
+from onnxrt.plugin.kernel import Kernel
+from onnxrt.plugin.pool_geometry import conv_transpose_geometry
 
 from .. import native, parallel
 from ..registry import op

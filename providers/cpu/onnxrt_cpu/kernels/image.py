@@ -14,9 +14,9 @@ import math
 
 import numpy as np
 
-from onnxrt.kernel import Kernel
-from onnxrt.limits import check_allocation
-from onnxrt.resampling import axis_order, axis_table, cubic_kernel, source_coords
+from onnxrt.plugin.kernel import Kernel
+from onnxrt.run.limits import check_allocation
+from onnxrt.plugin.resize_geometry import axis_order, axis_table, cubic_kernel, source_coords
 
 from ..registry import op
 

@@ -10,8 +10,8 @@ import math
 
 import numpy as np
 
-from onnxrt.kernel import Kernel
-from onnxrt.limits import check_allocation
+from onnxrt.plugin.kernel import Kernel
+from onnxrt.run.limits import check_allocation
 
 from ..registry import op
 from .select import byte_lookup

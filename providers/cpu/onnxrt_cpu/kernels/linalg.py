@@ -11,7 +11,7 @@ so a run is one matmul plus the bias.
 from __future__ import annotations
 
 import numpy as np
-from onnxrt.kernel import Kernel
+from onnxrt.plugin.kernel import Kernel
 
 from ..parallel import matmul_nd
 from ..registry import op

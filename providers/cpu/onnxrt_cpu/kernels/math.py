@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from onnxrt.kernel import Kernel
+from onnxrt.plugin.kernel import Kernel
 
 from ..registry import op
 from .rows import broadcast_buffer, columns_op, row_vector

@@ -13,7 +13,7 @@ import math
 import numpy as np
 
 from onnxrt.dtypes import np_dtype
-from onnxrt.kernel import Kernel
+from onnxrt.plugin.kernel import Kernel
 
 from .. import native
 from ..registry import op

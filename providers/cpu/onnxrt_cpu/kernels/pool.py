@@ -16,8 +16,8 @@ import sys
 
 import numpy as np
 
-from onnxrt.kernel import Kernel
-from onnxrt.windows import pool_geometry
+from onnxrt.plugin.kernel import Kernel
+from onnxrt.plugin.pool_geometry import pool_geometry
 
 from .. import native, parallel
 from ..registry import op

@@ -21,7 +21,7 @@ import struct
 import ml_dtypes
 import numpy as np
 from onnxrt.dtypes import np_dtype
-from onnxrt.kernel import Kernel
+from onnxrt.plugin.kernel import Kernel
 
 from .. import native
 from ..parallel import matmul_nd

@@ -15,8 +15,8 @@ import ml_dtypes
 import numpy as np
 
 from onnxrt.dtypes import np_dtype
-from onnxrt.kernel import Kernel
-from onnxrt.limits import check_allocation
+from onnxrt.plugin.kernel import Kernel
+from onnxrt.run.limits import check_allocation
 
 from ..registry import op
 

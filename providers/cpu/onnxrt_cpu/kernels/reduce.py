@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from onnxrt.kernel import Kernel
+from onnxrt.plugin.kernel import Kernel
 
 from ..registry import op
 from .rows import row_max, row_mean, row_min, row_sum

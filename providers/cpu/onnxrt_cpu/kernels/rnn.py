@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from onnxrt.kernel import Kernel
+from onnxrt.plugin.kernel import Kernel
 
 from .. import native
 from ..parallel import blas_aligned, matmul_nd
@@ -448,7 +448,7 @@ class _Recurrent(Kernel):
         k = native.K
         if k is None or self.NATIVE_KIND is None or not self._compiled_applies(extra):
             return None
-        from onnxrt.threads import current_thread_count
+        from onnxrt.run.threads import current_thread_count
 
         D, S, Bn = self.num_dir, xw.shape[0], xw.shape[1]
         # the states are the run's own copies, updated in place into the final ones

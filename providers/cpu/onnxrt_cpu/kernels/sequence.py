@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from onnxrt.kernel import Kernel
+from onnxrt.plugin.kernel import Kernel
 
 from ..registry import op
 

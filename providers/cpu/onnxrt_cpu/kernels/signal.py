@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from onnxrt.dtypes import np_dtype
-from onnxrt.kernel import Kernel
+from onnxrt.plugin.kernel import Kernel
 
 from ..registry import op
 

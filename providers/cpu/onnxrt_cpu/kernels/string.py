@@ -13,7 +13,7 @@ import re
 
 import numpy as np
 
-from onnxrt.kernel import Kernel
+from onnxrt.plugin.kernel import Kernel
 
 from ..registry import op
 

@@ -14,8 +14,8 @@ import numpy as np
 from onnx import numpy_helper
 
 from onnxrt.dtypes import np_dtype
-from onnxrt.kernel import Kernel
-from onnxrt.limits import check_allocation
+from onnxrt.plugin.kernel import Kernel
+from onnxrt.run.limits import check_allocation
 
 from ..registry import op
 

@@ -25,7 +25,7 @@ import os
 from types import ModuleType
 
 import numpy as np
-from onnxrt.threads import current_thread_count
+from onnxrt.run.threads import current_thread_count
 
 __all__ = ["K", "BLAS", "RELU", "CLIP", "SIGMOID", "SWISH", "GELU", "Int8Weights", "NBitsWeights", "kernels",
            "blas_ready", "channel_affine", "float_range", "int8_blocks", "int8_matmul", "layer_norm", "nbits_matmul",
@@ -125,7 +125,7 @@ def _load() -> None:
     _module = module
     # the pool's workers spin between the kernels of a run; when no run is in
     # progress they sleep at once instead of taking cores from the application
-    from onnxrt.threads import add_idle_hook
+    from onnxrt.run.threads import add_idle_hook
 
     add_idle_hook(module.pool_rest)
 

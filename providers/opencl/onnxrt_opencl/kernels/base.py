@@ -1,7 +1,7 @@
 """The base class of OpenCL kernels, and small helpers they share.
 
 A kernel is built like any other (``__init__(node_info)`` parses attributes in
-:meth:`~onnxrt.kernel.Kernel.setup`), then the provider calls :meth:`CLKernel.bind` with
+:meth:`~onnxrt.plugin.kernel.Kernel.setup`), then the provider calls :meth:`CLKernel.bind` with
 the :class:`~onnxrt_opencl.runtime.CLRuntime`, which runs :meth:`CLKernel.prepare`: build
 programs and upload constant inputs (``self.node.constants``) there, once. ``run``
 receives ``pyopencl.array.Array`` inputs (``None`` for absent optional ones) and returns a
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from onnxrt.kernel import Kernel
+from onnxrt.plugin.kernel import Kernel
 
 from ..cltypes import ctype
 

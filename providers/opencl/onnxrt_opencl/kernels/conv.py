@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import numpy as np
 from onnxrt.errors import InvalidArgument
-from onnxrt.windows import conv_transpose_geometry
+from onnxrt.plugin.pool_geometry import conv_transpose_geometry
 
 from ..registry import op
 from .base import CLKernel

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 from onnxrt.errors import InvalidArgument
-from onnxrt.windows import pool_geometry
+from onnxrt.plugin.pool_geometry import pool_geometry
 
 from ..registry import op
 from .base import CLKernel

@@ -15,7 +15,7 @@ import threading
 
 import numpy as np
 from onnxrt.errors import InvalidArgument
-from onnxrt.resampling import axis_order, axis_table, source_coords
+from onnxrt.plugin.resize_geometry import axis_order, axis_table, source_coords
 
 from ..registry import op
 from .base import CLKernel

@@ -20,8 +20,8 @@ import onnx
 from google.protobuf.message import DecodeError
 from onnx import ModelProto, TensorProto
 
-from .errors import InvalidArgument, InvalidGraph, InvalidProtobuf, NoSuchFile, NotImplemented
-from .limits import check_allocation
+from ..errors import InvalidArgument, InvalidGraph, InvalidProtobuf, NoSuchFile, NotImplemented
+from ..run.limits import check_allocation
 
 __all__ = ["load_model", "check_versions", "MAX_IR_VERSION", "MAX_OPSETS"]
 

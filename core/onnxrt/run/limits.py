@@ -28,7 +28,7 @@ from collections.abc import Iterable, Iterator
 
 import numpy as np
 
-from .errors import InvalidArgument
+from ..errors import InvalidArgument
 
 __all__ = [
     "default_max_allocation_bytes",

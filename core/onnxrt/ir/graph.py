@@ -19,8 +19,8 @@ import numpy as np
 import onnx
 from onnx import AttributeProto, GraphProto, TensorProto, TypeProto, ValueInfoProto, helper, numpy_helper
 
-from .errors import InvalidArgument, InvalidGraph, NotImplemented
-from .limits import check_allocation
+from ..errors import InvalidArgument, InvalidGraph, NotImplemented
+from ..run.limits import check_allocation
 
 __all__ = ["Node", "Graph", "MAX_NESTING", "tensor_to_array", "check_tensor_data"]
 

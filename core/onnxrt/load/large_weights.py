@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .limits import check_allocation
+from ..run.limits import check_allocation
 
 __all__ = ["MIN_FILE_BYTES", "encode_varint", "split_large_weights"]
 

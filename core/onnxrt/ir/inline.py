@@ -15,8 +15,8 @@ from typing import Callable
 import onnx
 from onnx import AttributeProto, FunctionProto, TypeProto
 
-from .errors import InvalidGraph
-from .ir import MAX_NESTING, Graph, Node
+from ..errors import InvalidGraph
+from .graph import MAX_NESTING, Graph, Node
 
 __all__ = ["schema_function", "inline_node", "expand_functions"]
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from .errors import InvalidArgument
+from ..errors import InvalidArgument
 
 __all__ = ["pool_geometry", "conv_transpose_geometry"]
 

@@ -49,7 +49,7 @@ __all__ = [
 
 
 def _default_threads() -> int:
-    from .options import default_thread_count
+    from ..options import default_thread_count
 
     return default_thread_count()
 

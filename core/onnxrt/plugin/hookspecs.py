@@ -28,8 +28,8 @@ hookimpl = pluggy.HookimplMarker("onnxrt")
 def onnxrt_register_providers(registry):
     """Add execution provider classes.
 
-    :param registry: a :class:`onnxrt.plugins.ProviderRegistry`; call
-        ``registry.add_provider(cls)`` with each :class:`onnxrt.providers.ExecutionProvider`
+    :param registry: a :class:`onnxrt.plugin.discovery.ProviderRegistry`; call
+        ``registry.add_provider(cls)`` with each :class:`onnxrt.plugin.provider.ExecutionProvider`
         subclass the plugin defines. Two plugins adding the same provider name is an
         error that names both.
     :return: nothing; return values are ignored.
@@ -46,7 +46,7 @@ def onnxrt_register_kernels(provider_name, registry):
 
     :param provider_name: the name of the provider whose registry is being built,
         e.g. ``"CPUExecutionProvider"``; add kernels only for providers you target.
-    :param registry: that provider's :class:`onnxrt.kernel.KernelRegistry`; use
+    :param registry: that provider's :class:`onnxrt.plugin.kernel.KernelRegistry`; use
         ``registry.op("MyOp", since=1, domain="my.domain")`` as a decorator, or
         ``registry.register(KernelDef(...))``.
     :return: nothing; return values are ignored.

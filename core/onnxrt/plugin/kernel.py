@@ -7,7 +7,7 @@ one kernel may be called from many threads at once.
 
 Two ways to write one, both registered with explicit keys (op, domain, opset range)::
 
-    from onnxrt.kernel import Kernel, KernelRegistry
+    from onnxrt.plugin.kernel import Kernel, KernelRegistry
 
     registry = KernelRegistry()
 
@@ -45,7 +45,7 @@ import numpy as np
 import onnx
 from onnx import AttributeProto, numpy_helper
 
-from .dtypes import np_dtype
+from ..dtypes import np_dtype
 
 __all__ = [
     "NodeInfo",

@@ -7,8 +7,8 @@ from typing import Any
 import numpy as np
 from onnx import TypeProto
 
-from .dtypes import elem_type_name, np_dtype
-from .errors import InvalidArgument
+from ..dtypes import elem_type_name, np_dtype
+from ..errors import InvalidArgument
 
 __all__ = ["NodeArg", "type_to_string", "shape_of", "FeedChecker"]
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .ir import Graph
+from ..ir.graph import Graph
 
 __all__ = ["cpu_preferred_nodes", "SHAPE_SOURCES"]
 

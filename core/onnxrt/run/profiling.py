@@ -86,7 +86,7 @@ def _type_shape(v) -> dict:
     if dtype is None or shape is None:
         return {type(v).__name__: []}
     try:
-        from .dtypes import elem_type_name, onnx_elem_type
+        from ..dtypes import elem_type_name, onnx_elem_type
 
         name = elem_type_name(onnx_elem_type(np.dtype(dtype)))
     except (TypeError, ValueError):

@@ -12,7 +12,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from .errors import InvalidArgument
+from ..errors import InvalidArgument
 from .kernel import Kernel, KernelRegistry, NodeInfo
 
 __all__ = ["Device", "HostDevice", "ExecutionProvider", "Capability", "group_io", "flag_option", "size_option"]
@@ -187,7 +187,7 @@ class ExecutionProvider:
         reg = ExecutionProvider._registries.get(cls)
         if reg is None:
             reg = cls.build_registry()
-            from .plugins import plugin_manager
+            from .discovery import plugin_manager
 
             plugin_manager().hook.onnxrt_register_kernels(provider_name=cls.name, registry=reg)
             ExecutionProvider._registries[cls] = reg

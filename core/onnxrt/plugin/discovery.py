@@ -19,8 +19,8 @@ from typing import Any
 import pluggy
 
 from . import hookspecs
-from .errors import EPFail, InvalidArgument
-from .providers import ExecutionProvider
+from ..errors import EPFail, InvalidArgument
+from .provider import ExecutionProvider
 
 __all__ = [
     "ENTRY_POINT_GROUP",
@@ -198,7 +198,7 @@ def register_plugin(plugin, name: str | None = None) -> None:
         reg._current_plugin = "<registered at run time>"
     _runtime_providers[id(plugin)] = [n for n in reg._classes if n not in before[0]]
     ExecutionProvider._registries.clear()
-    from . import optimizer
+    from .. import optimizer
 
     optimizer.reset_transformer_registry()
 
@@ -214,7 +214,7 @@ def unregister_plugin(plugin) -> None:
         if name in added or getattr(plugin, cls.__name__, None) is cls:
             del reg._classes[name]
     ExecutionProvider._registries.clear()
-    from . import optimizer
+    from .. import optimizer
 
     optimizer.reset_transformer_registry()
 
@@ -234,7 +234,7 @@ def reset() -> None:
         _registry = None
         _runtime_providers.clear()
         ExecutionProvider._registries.clear()
-        from . import optimizer
+        from .. import optimizer
 
         optimizer.reset_transformer_registry()
 
