@@ -37,7 +37,7 @@ from .partition.cpu_preferred import cpu_preferred_nodes
 from .plan import Plan, PlanBuilder, RunContext, array_root, caller_owned
 from .plugin.discovery import resolve_providers
 from .plugin.provider import ExecutionProvider, HostDevice, group_io
-from .shape_memo import CONFIG_KEY as SHAPE_MEMO_CONFIG_KEY
+from .plan.shape_memo import CONFIG_KEY as SHAPE_MEMO_CONFIG_KEY
 from .run.threads import ThreadSettings
 from .load.large_weights import split_large_weights
 from .run.feeds import FeedChecker, NodeArg

@@ -94,7 +94,7 @@ class ShapeSegment:
             hit = self.cache.get(key)
             if hit is not None:
                 return hit
-        from .plan import run_steps  # plan imports this module
+        from .builder import run_steps  # plan imports this module
 
         local: list[Any] = [None] * self._n_slots
         for s, v in zip(self.ins, args):

@@ -16,8 +16,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .errors import Fail, InvalidArgument, OnnxRtError, RuntimeException
-from .run.limits import _limit
+from ..errors import Fail, InvalidArgument, OnnxRtError, RuntimeException
+from ..run.limits import _limit
 from .shape_memo import memoized_steps
 
 __all__ = ["Step", "Plan", "PlanBuilder", "RunContext"]
