@@ -1,8 +1,9 @@
 """Packaging hook: ship ``plugins-template/`` inside the wheel.
 
 ``onnxrt new-provider`` renders the template; from a source checkout it reads
-``plugins-template/`` directly, and an installed wheel carries a copy as
-``onnxrt/_template`` so the command works without the source tree.
+``plugins-template/`` directly, and an installed wheel carries a copy beside the
+renderer (``onnxrt/cli/scaffold.py``), as ``onnxrt/cli/provider_template``, so the
+command works without the source tree.
 """
 
 import shutil
@@ -19,7 +20,7 @@ class BuildPyWithTemplate(build_py):
         super().run()
         src = Path(__file__).resolve().parent / "plugins-template"
         if src.is_dir():
-            dst = Path(self.build_lib) / "onnxrt" / "_template"
+            dst = Path(self.build_lib) / "onnxrt" / "cli" / "provider_template"
             shutil.copytree(src, dst, dirs_exist_ok=True, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
 
 

@@ -5,7 +5,7 @@ import re
 import pytest
 
 from onnxrt.cli import main
-from onnxrt.cli_tools.bench import latency_stats
+from onnxrt.cli.bench import latency_stats
 
 from .conftest import DIMS
 

@@ -1,4 +1,4 @@
-"""``onnxrt compare`` and :func:`onnxrt.tools.compare_models`: error per output, and the
+"""``onnxrt compare`` and :func:`onnxrt.cli.compare.compare_models`: error per output, and the
 first node whose outputs differ, found across any two providers or onnxruntime."""
 
 import numpy as np
@@ -6,8 +6,8 @@ import onnx
 import pytest
 
 from onnxrt.cli import main
-from onnxrt.tools import compare_models, random_feeds
-from onnxrt.tools.compare import compare_values
+from onnxrt.cli.compare import compare_models, compare_values
+from onnxrt.cli.feeds import random_feeds
 
 from .conftest import DIMS, YOLO
 

@@ -4,7 +4,7 @@ import re
 
 import onnxrt
 from onnxrt.cli import main
-from onnxrt.cli_tools.explain import summarize
+from onnxrt.cli.explain import summarize
 
 
 def _counts(out: str) -> dict:

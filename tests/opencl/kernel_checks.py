@@ -14,7 +14,7 @@ import numpy as np
 import onnx
 import onnxrt as ort
 import pytest
-from onnxrt.testing.compare import assert_outputs_close
+from onnxrt.testing.outputs import assert_outputs_close
 from onnxrt.testing.nodetests import _decode, iter_node_tests
 
 OCL = "OpenCLExecutionProvider"

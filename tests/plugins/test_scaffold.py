@@ -7,8 +7,8 @@ import os
 
 import pytest
 
-from onnxrt import InvalidArgument, scaffold
-from onnxrt.cli import main
+from onnxrt import InvalidArgument
+from onnxrt.cli import main, scaffold
 
 
 def test_renders_a_package_for_a_multi_word_name(tmp_path, capsys):
@@ -108,13 +108,13 @@ def test_an_installed_wheel_carries_the_template_and_renders_from_it(tmp_path, m
     import zipfile
     from pathlib import Path
 
-    root = Path(scaffold.__file__).resolve().parents[2]
+    root = Path(scaffold.__file__).resolve().parents[3]
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
                     "-w", str(tmp_path / "dist"), str(root)], check=True, capture_output=True, timeout=300)
     (wheel,) = (tmp_path / "dist").glob("onnxrt-*.whl")
     with zipfile.ZipFile(wheel) as z:
         z.extractall(tmp_path / "site")
-    packaged = tmp_path / "site" / "onnxrt" / "_template"
+    packaged = tmp_path / "site" / "onnxrt" / "cli" / "provider_template"
     assert (packaged / "pyproject.toml").is_file() and (packaged / "onnxrt_{{name}}" / "provider.py").is_file()
     monkeypatch.delenv(scaffold.TEMPLATE_ENV_VAR, raising=False)
     monkeypatch.setattr(scaffold, "_SOURCE_TEMPLATE", tmp_path / "no-source-tree")

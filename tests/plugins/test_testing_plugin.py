@@ -229,13 +229,14 @@ def _nested_pytest(tmp_path, *args, ini="onnxrt_provider = TinyExecutionProvider
     return _run_nested(tmp_path, args)
 
 
-def _run_nested(tmp_path, args=()) -> tuple[int, dict]:
-    """pytest.main on ``tmp_path``; its test modules and conftest are forgotten afterwards."""
+def _run_nested(tmp_path, args=(), enable=("-p", "onnxrt.testing")) -> tuple[int, dict]:
+    """pytest.main on ``tmp_path`` with the plugin enabled by ``enable``; its test modules
+    and conftest are forgotten afterwards."""
     outcomes = _Outcomes()
     before = set(sys.modules)
     try:
         rc = pytest.main(["-p", "no:cacheprovider", "-q", "--rootdir", str(tmp_path),
-                          "-c", str(tmp_path / "pytest.ini"), *args, str(tmp_path)], plugins=[outcomes])
+                          "-c", str(tmp_path / "pytest.ini"), *enable, *args, str(tmp_path)], plugins=[outcomes])
     finally:
         for name in set(sys.modules) - before:
             if name == "conftest" or name.startswith("test_"):
@@ -305,3 +306,38 @@ def test_plugin_reports_a_provider_that_is_not_installed(tmp_path, capsys):
     rc, _ = _nested_pytest(tmp_path, "--onnxrt-provider", "nosuch", ini="", tests=TESTS)
     assert rc != 0
     assert "provider 'nosuch' is not installed; installed providers: " in capsys.readouterr().out
+
+
+# -- the plugin is opt-in ------------------------------------------------------------------
+
+OPT_IN_TESTS = textwrap.dedent('''
+    def test_name(onnxrt_provider):
+        assert onnxrt_provider == "CPUExecutionProvider"
+''')
+
+
+def test_installing_onnxrt_adds_no_pytest_plugin():
+    from importlib.metadata import entry_points
+
+    assert not [e for e in entry_points(group="pytest11") if e.value.startswith("onnxrt")]
+
+
+def test_without_opting_in_a_pytest_session_has_no_onnxrt_fixtures(tmp_path, capsys):
+    (tmp_path / "test_opt_in.py").write_text(OPT_IN_TESTS)
+    (tmp_path / "pytest.ini").write_text("[pytest]\n")
+    rc, got = _run_nested(tmp_path, enable=())
+    assert rc != 0 and got["test_name"][0] == "failed"
+    assert "fixture 'onnxrt_provider' not found" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("how", ["addopts", "conftest"])
+def test_a_project_opts_in_through_its_config_or_its_conftest(tmp_path, how):
+    (tmp_path / "test_opt_in.py").write_text(OPT_IN_TESTS)
+    ini = "[pytest]\nonnxrt_provider = cpu\n"
+    if how == "addopts":
+        ini += "addopts = -p onnxrt.testing\n"
+    else:
+        (tmp_path / "conftest.py").write_text('pytest_plugins = ["onnxrt.testing"]\n')
+    (tmp_path / "pytest.ini").write_text(ini)
+    rc, got = _run_nested(tmp_path, enable=())
+    assert rc == 0 and got["test_name"] == ("passed", "")

@@ -1,13 +1,14 @@
 """Tools for testing onnxrt providers: ONNX node tests, output comparison, model builders.
 
-Provider authors use these directly or through the pytest plugin
-(:mod:`onnxrt.testing.plugin`, loaded automatically when onnxrt is installed), whose
-fixtures are ``onnxrt_node_test``, ``onnxrt_compare``, ``onnxrt_models`` and
-``onnxrt_provider``.
+Provider authors use these directly or through the pytest plugin, whose fixtures are
+``onnxrt_node_test``, ``onnxrt_compare``, ``onnxrt_models`` and ``onnxrt_provider``
+(:mod:`onnxrt.testing.plugin`). The plugin is opt-in: ``-p onnxrt.testing`` on pytest's
+command line or in its ``addopts``, or ``pytest_plugins = ["onnxrt.testing"]`` in a
+top-level ``conftest.py``.
 """
 
 from . import models
-from .compare import Comparison, assert_outputs_close, compare_with_cpu
+from .outputs import Comparison, assert_outputs_close, compare_with_cpu
 from .nodetests import (
     NodeRefused,
     NodeTest,
@@ -31,3 +32,8 @@ __all__ = [
     "run_provider_node_test",
     "models",
 ]
+
+#: ``-p onnxrt.testing`` registers this package with pytest, which then loads the
+#: modules named here: the hooks and fixtures live in :mod:`.plugin`, so importing
+#: these tools outside pytest does not import pytest
+pytest_plugins = ["onnxrt.testing.plugin"]

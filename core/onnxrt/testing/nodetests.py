@@ -13,7 +13,7 @@ from typing import Iterable, Iterator
 
 import onnx
 
-from .compare import assert_outputs_close
+from .outputs import assert_outputs_close
 
 __all__ = ["NodeTest", "iter_node_tests", "run_node_test", "claimed_ops", "provider_node_tests",
            "run_provider_node_test", "NodeRefused"]

@@ -1,7 +1,10 @@
 """onnxrt's pytest plugin: fixtures for testing execution providers.
 
-pytest loads it through the ``pytest11`` entry point whenever onnxrt is installed. It
-imports nothing heavy until a test asks for one of its fixtures.
+It is opt-in: installing onnxrt does not load it into every pytest run. A project
+enables it with ``-p onnxrt.testing`` (on the command line or in ``addopts``) or
+``pytest_plugins = ["onnxrt.testing"]`` in its top-level ``conftest.py``; naming this
+module itself works too. It imports nothing heavy until a test asks for one of its
+fixtures.
 
 Fixtures:
 
@@ -12,7 +15,7 @@ Fixtures:
   reason, where the provider left a node to another provider.
 - ``onnxrt_compare``: ``onnxrt_compare(model, feeds=None, providers=None, rtol=1e-4,
   atol=1e-5)`` runs a model on the provider under test and on the CPU alone, asserts
-  every output agrees, and returns a :class:`onnxrt.testing.compare.Comparison`.
+  every output agrees, and returns a :class:`onnxrt.testing.outputs.Comparison`.
 - ``onnxrt_models``: the :mod:`onnxrt.testing.models` builders (``make_model``, ``node``,
   ``tensor``, ``single_op``, ``chain``, ``mlp``, ``random_feeds``).
 - ``onnxrt_provider``: the name of the (first) provider under test.
@@ -157,10 +160,10 @@ def onnxrt_compare(request):
 
     Runs ``model`` on ``providers`` (default: the provider under test) with the CPU as
     fallback, and on the CPU alone, asserts that every output agrees, and returns a
-    :class:`~onnxrt.testing.compare.Comparison` (``outputs``, ``expected``, ``feeds``,
+    :class:`~onnxrt.testing.outputs.Comparison` (``outputs``, ``expected``, ``feeds``,
     ``assignment``, ``session``).
     """
-    from .compare import compare_with_cpu
+    from .outputs import compare_with_cpu
 
     def compare(model, feeds=None, providers=None, rtol=1e-4, atol=1e-5, seed=0, sess_options=None):
         if providers is None:

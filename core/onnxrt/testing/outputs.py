@@ -1,4 +1,11 @@
-"""Comparing runtime outputs with expected ones, as the ONNX backend tests do."""
+"""Checking a session's outputs: against expected values, as the ONNX backend tests do
+(:func:`assert_outputs_close`), and against the CPU provider running the same model
+(:func:`compare_with_cpu`).
+
+These are assertions for a provider's tests. ``onnxrt compare`` (:mod:`onnxrt.cli.compare`)
+is a different tool: it reports the error per output with a tolerance that follows each
+tensor's magnitude, and bisects to the first node that differs.
+"""
 
 from __future__ import annotations
 

@@ -10,6 +10,8 @@ from typing import Sequence
 
 import numpy as np
 
+from .feeds import random_feeds
+
 __all__ = [
     "UsageError",
     "LEVELS",
@@ -136,8 +138,6 @@ def make_session(args, **attrs):
 
 def make_feeds(args, sess) -> dict[str, np.ndarray]:
     """Inputs from ``--input NAME=FILE.npy``, and random ones (``--seed``) for the rest."""
-    from ..tools.feeds import random_feeds
-
     files = parse_kv(getattr(args, "input", None), "--input")
     known = {a.name for a in sess.get_inputs()} | {a.name for a in sess.get_overridable_initializers()}
     given = {}

@@ -1,41 +1,35 @@
-"""The ``onnxrt`` command.
+"""``onnxrt run [MODEL]``: run a model and print a summary of each output.
 
-``onnxrt run`` with no model runs the shipped demo (a digits classifier) on its
-held-out samples. ``onnxrt run MODEL`` runs any model, with inputs from ``.npy``
-files or generated at random. ``onnxrt providers`` lists the installed providers.
-The other verbs (``explain``, ``profile``, ``bench``, ``compare``, ``optimize``)
-live in :mod:`onnxrt.cli_tools`, one module each.
-
-Bad input (not a model, a missing file, a bad ``--input``) prints a one-line error
-and exits with status 2; ``--debug`` shows the traceback.
+With no model it runs the shipped demo (a digits classifier) on its held-out samples.
+With a model, inputs come from ``.npy`` files (``--input NAME=FILE.npy``) or are
+generated at random; ``--output DIR`` saves the outputs as ``.npy`` files.
 """
 
 from __future__ import annotations
 
-import argparse
-import importlib.util
-import sys
 import time
 from importlib import resources
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 
-from .cli_tools.common import UsageError, add_model_args, console, make_feeds, make_session, providers_arg
+from .common import add_model_args, console, make_feeds, make_session, providers_arg
 
-__all__ = ["main", "build_parser", "UsageError"]
+__all__ = ["add_command", "cmd_run", "demo_paths"]
 
-EXIT_USAGE = 2
+
+def add_command(sub) -> None:
+    """Add the ``run`` verb."""
+    r = sub.add_parser("run", help="run a model (no model: the shipped digits demo)")
+    add_model_args(r, model_optional=True)
+    r.add_argument("--output", metavar="DIR", help="save outputs as .npy files in DIR")
+    r.set_defaults(func=cmd_run)
 
 
 def demo_paths() -> tuple[Path, Path]:
     """The shipped demo model and its held-out samples."""
     base = resources.files("onnxrt") / "demo"
     return Path(str(base / "digits_mlp.onnx")), Path(str(base / "digits_holdout.npz"))
-
-
-# -- run ----------------------------------------------------------------------------
 
 
 def _summary(v) -> str:
@@ -125,76 +119,3 @@ def _run_demo(con, providers, args) -> int:
               f"{float(np.median(singles)):.3f} ms")
     con.print(f"provider: {', '.join(providers_used)} (session providers: {', '.join(sess.get_providers())})")
     return 0
-
-
-# -- providers ------------------------------------------------------------------------
-
-
-def cmd_providers(args) -> int:
-    """``onnxrt providers``."""
-    import onnxrt as ort
-    from rich.table import Table
-
-    table = Table(title="onnxrt execution providers")
-    for col in ("provider", "aliases", "priority", "available", "reason", "distribution", "version", "details"):
-        table.add_column(col)
-    for p in ort.get_provider_info():
-        table.add_row(p["name"], ", ".join(p["aliases"]), str(p["priority"]),
-                      "yes" if p["available"] else "no", p["reason"], p["distribution"], p["version"],
-                      p.get("details", ""))
-    console().print(table)
-    return 0
-
-
-def build_parser() -> argparse.ArgumentParser:
-    """The argument parser of the ``onnxrt`` command."""
-    p = argparse.ArgumentParser(prog="onnxrt", description="Run, inspect and benchmark ONNX models with onnxrt.")
-    p.add_argument("--debug", action="store_true", help="show tracebacks on errors")
-    sub = p.add_subparsers(dest="command")
-    r = sub.add_parser("run", help="run a model (no model: the shipped digits demo)")
-    add_model_args(r, model_optional=True)
-    r.add_argument("--output", metavar="DIR", help="save outputs as .npy files in DIR")
-    r.set_defaults(func=cmd_run)
-    pr = sub.add_parser("providers", help="list installed providers, and why any is unavailable")
-    pr.set_defaults(func=cmd_providers)
-    from . import cli_tools
-
-    cli_tools.add_commands(sub)
-    # the provider scaffolding verb, where that module is present; an import error
-    # inside it is a real error, so only its absence is checked
-    if importlib.util.find_spec(f"{__package__}.scaffold") is not None:
-        from . import scaffold
-
-        scaffold.add_command(sub)
-    return p
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``onnxrt`` command; returns the exit status."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if args.command is None:
-        parser.print_help()
-        return EXIT_USAGE
-    from .errors import InvalidArgument, InvalidGraph, InvalidProtobuf, NoSuchFile, NotImplemented, OnnxRtError
-
-    try:
-        return int(args.func(args) or 0)
-    except (UsageError, InvalidProtobuf, NoSuchFile, InvalidArgument, InvalidGraph, NotImplemented) as e:
-        if args.debug:
-            raise
-        print(f"onnxrt: error: {_one_line(e)}", file=sys.stderr)
-        return EXIT_USAGE
-    except OnnxRtError as e:
-        if args.debug:
-            raise
-        print(f"onnxrt: error: {type(e).__name__}: {_one_line(e)}", file=sys.stderr)
-        return 1
-
-
-def _one_line(e: BaseException) -> str:
-    return "; ".join(line.strip() for line in str(e).splitlines() if line.strip())
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())

@@ -10,6 +10,13 @@ Tolerance: an element agrees when ``|a - b| <= atol * scale + rtol * |b|``, with
 ``scale = max(1, max |b|)`` over the reference tensor. The absolute term follows the
 tensor's magnitude because float32 accumulation-order noise does: intermediates in
 the hundreds legitimately differ by more than 1e-4 near zero.
+
+From Python: :func:`compare_models`. From the command line: ``onnxrt compare MODEL
+--providers A --against B|onnxruntime`` prints the error per output and, on a mismatch,
+the first node whose outputs differ; it exits 0 when every output agrees within
+tolerance and 1 when one does not. ``--always-bisect`` also looks for a differing node
+when the outputs agree: an error that later nodes mask (a saturating activation, a max)
+still shows.
 """
 
 from __future__ import annotations
@@ -22,8 +29,10 @@ import numpy as np
 import onnx
 
 from ..errors import Fail, InvalidArgument
+from .common import add_model_args, console, make_feeds, make_session, model_path, providers_arg, session_options
 
-__all__ = ["ONNXRUNTIME", "ValueDiff", "NodeDivergence", "CompareReport", "compare_models", "compare_values"]
+__all__ = ["ONNXRUNTIME", "ValueDiff", "NodeDivergence", "CompareReport", "compare_models", "compare_values",
+           "add_command", "cmd_compare"]
 
 #: The ``against`` value that selects onnxruntime's CPU provider as the reference.
 ONNXRUNTIME = "onnxruntime"
@@ -234,3 +243,66 @@ def compare_models(
                 b.assignment.get(node.name, "(optimized away)"), i, diffs, list(node.input))
             break
     return report
+
+
+# -- the ``onnxrt compare`` verb ---------------------------------------------------------
+
+
+def add_command(sub) -> None:
+    """Add the ``compare`` verb."""
+    p = sub.add_parser("compare", help="compare providers (or onnxruntime) and find the first differing node")
+    add_model_args(p)
+    p.add_argument("--against", default="onnxruntime",
+                   help="the reference: comma-separated providers, or 'onnxruntime' (default)")
+    p.add_argument("--rtol", type=float, default=DEFAULT_RTOL, help=f"relative tolerance (default {DEFAULT_RTOL:g})")
+    p.add_argument("--atol", type=float, default=DEFAULT_ATOL,
+                   help=f"absolute tolerance, scaled by the tensor's largest magnitude above 1 "
+                        f"(default {DEFAULT_ATOL:g})")
+    p.add_argument("--no-bisect", action="store_true", help="only compare the outputs")
+    p.add_argument("--always-bisect", action="store_true",
+                   help="look for a differing node even when the outputs agree (errors masked downstream)")
+    p.set_defaults(func=cmd_compare)
+
+
+def _fmt(x: float) -> str:
+    return "inf" if x == float("inf") else f"{x:.3g}"
+
+
+def cmd_compare(args) -> int:
+    """Run the ``compare`` verb: 0 when every output agrees within tolerance, else 1."""
+    from rich.table import Table
+
+    sess = make_session(args)  # checks the model and the providers, and gives the inputs
+    feeds = make_feeds(args, sess)
+    against = args.against if args.against.strip().lower() == ONNXRUNTIME else providers_arg(args.against)
+    report = compare_models(str(model_path(args)), feeds, sess.get_providers(),
+                            against, rtol=args.rtol, atol=args.atol, bisect=not args.no_bisect,
+                            always_bisect=args.always_bisect,
+                            sess_options=session_options(args))
+    con = console()
+    con.print(f"[bold]{model_path(args).name}[/bold]: {report.side} against {report.against} "
+              f"(rtol {args.rtol:g}, atol {args.atol:g})")
+    table = Table()
+    for col, just in (("output", "left"), ("max abs err", "right"), ("max rel err", "right"), ("", "left")):
+        table.add_column(col, justify=just)
+    for d in report.outputs:
+        status = "[green]ok[/green]" if d.ok else "[red]MISMATCH[/red]"
+        table.add_row(d.name, _fmt(d.max_abs), _fmt(d.max_rel), status + (f" ({d.note})" if d.note else ""))
+    con.print(table)
+    if report.ok:
+        con.print("all outputs agree")
+    fd = report.first_divergence
+    if fd is not None:
+        worst = max(fd.outputs, key=lambda d: d.max_abs)
+        con.print(f"[bold red]first differing node[/bold red]: {fd.node} ({fd.op_type}), node {fd.index} "
+                  f"in topological order")
+        con.print(f"  runs on {fd.provider} here and on {fd.against_provider} in the reference; "
+                  f"its inputs ({', '.join(i for i in fd.inputs if i) or 'none'}) agree")
+        con.print(f"  output {worst.name}: max abs err {_fmt(worst.max_abs)}, max rel err {_fmt(worst.max_rel)}"
+                  + (f" ({worst.note})" if worst.note else ""))
+    elif report.bisected and not report.ok:
+        con.print(f"no single node differs beyond tolerance ({report.nodes_checked} checked); the outputs drift "
+                  "through accumulated error, or differ only where nodes are fused")
+    elif report.bisected:
+        con.print(f"every node agrees ({report.nodes_checked} checked)")
+    return 0 if report.ok else 1

@@ -6,6 +6,10 @@ CamelCase form (``Acme``) and ``{{NAME}}`` for its upper-case form (``ACME``), i
 contents and in file and folder names. Rendering ``acme`` gives the distribution
 ``onnxrt-acme``, the import package ``onnxrt_acme`` and the provider
 ``AcmeExecutionProvider`` with the alias ``acme``, ready to ``pip install``.
+
+The renderer sits with what it renders: a source checkout reads ``plugins-template/``
+itself, and a wheel carries a copy of it beside this module, as
+``onnxrt/cli/provider_template/`` (the root ``setup.py`` puts it there at build time).
 """
 
 from __future__ import annotations
@@ -16,12 +20,12 @@ import re
 import shutil
 from pathlib import Path
 
-from .errors import InvalidArgument
+from ..errors import InvalidArgument
 
 __all__ = ["render_provider", "add_command", "template_dir", "TemplateError", "check_name"]
 
-#: where a checkout keeps the template, relative to this file (core/onnxrt/scaffold.py)
-_SOURCE_TEMPLATE = Path(__file__).resolve().parents[2] / "plugins-template"
+#: where a checkout keeps the template, relative to this file (core/onnxrt/cli/scaffold.py)
+_SOURCE_TEMPLATE = Path(__file__).resolve().parents[3] / "plugins-template"
 #: set to a folder to render another template (a fork of the shipped one, say)
 TEMPLATE_ENV_VAR = "ONNXRT_PROVIDER_TEMPLATE"
 
@@ -67,8 +71,8 @@ def camel(name: str) -> str:
     return "".join(part[:1].upper() + part[1:] for part in name.split("_") if part)
 
 
-#: where a wheel install carries its copy of the template (see setup.py)
-_PACKAGED_TEMPLATE = Path(__file__).resolve().parent / "_template"
+#: where a wheel install carries its copy of the template, beside this module (see setup.py)
+_PACKAGED_TEMPLATE = Path(__file__).resolve().parent / "provider_template"
 
 
 def template_dir() -> Path:
