@@ -36,6 +36,8 @@ __all__ = [
     "limit_allocations",
     "check_allocation",
     "checked_size",
+    "process_memory_limit",
+    "session_max_bytes",
     "CONFIG_KEY",
 ]
 
@@ -62,6 +64,22 @@ def _physical_memory() -> int | None:
     return phys if phys > 0 else None
 
 
+def process_memory_limit() -> int | None:
+    """The memory this process may use: physical memory, or the cgroup limit, or the
+    address-space limit (``RLIMIT_AS``), whichever is smallest; None where unknown."""
+    phys = _physical_memory()
+    try:
+        import resource
+
+        soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+        unlimited = resource.RLIM_INFINITY
+    except (ImportError, ValueError, OSError):  # pragma: no cover - non-POSIX
+        return phys
+    if soft != unlimited and soft > 0:
+        phys = soft if phys is None else min(phys, soft)
+    return phys
+
+
 def default_max_allocation_bytes() -> int:
     """Half of the memory this process can have (physical memory, or the cgroup limit).
 
@@ -73,6 +91,21 @@ def default_max_allocation_bytes() -> int:
 
 _limit: contextvars.ContextVar[int | None] = contextvars.ContextVar("onnxrt_max_allocation_bytes", default=None)
 _default_cache: list[int] = []
+
+
+def session_max_bytes(so) -> int:
+    """A session's allocation cap: its config entry :data:`CONFIG_KEY` if set, else
+    ``SessionOptions.max_allocation_bytes``."""
+    text = so._config.get(CONFIG_KEY)
+    if text is None:
+        return int(so.max_allocation_bytes)
+    try:
+        value = int(text.strip())
+    except ValueError:
+        value = 0
+    if value <= 0:
+        raise InvalidArgument(f"session config entry {CONFIG_KEY!r} must be a positive integer, not {text!r}")
+    return value
 
 
 def allocation_limit() -> int:
