@@ -85,6 +85,12 @@ def _run(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray], providers) -> 
     return dict(zip(names, sess.run(None, dict(feeds))))
 
 
+def _absmax(v) -> float:
+    if isinstance(v, np.ndarray) and v.dtype.kind == "f" and v.size:
+        return float(np.abs(v[np.isfinite(v)]).max(initial=0.0))
+    return 0.0
+
+
 def _as32(v):
     return v.astype(np.float32) if isinstance(v, np.ndarray) and v.dtype == np.float16 else v
 
@@ -141,7 +147,7 @@ def auto_mixed_precision(
             outputs_ok = bool(validate_fn([ref[o] for o in out_names], [got[o] for o in out_names]))
         if outputs_ok or len(kept) >= limit:
             break
-        plan = float16_plan(m16, ops, blocked)
+        plan = float16_plan(base, ops, blocked)
         culprit = None
         for name in order:
             node = by_name[name]
@@ -172,8 +178,11 @@ def auto_mixed_precision(
         else:
             node, d = culprit
             if plan.get(node.name, False):
-                ref_max = float(np.abs(ref[d.name]).max(initial=0.0)) if isinstance(ref.get(d.name), np.ndarray) else 0.0
-                if ref_max > FLOAT16_MAX:
+                ref_max = _absmax(ref.get(d.name))
+                wide = [(t, _absmax(ref.get(t))) for t in node.input if _absmax(ref.get(t)) > FLOAT16_MAX]
+                if wide:
+                    why = f"it reads {wide[0][0]!r}, beyond float16's range (max |x| = {wide[0][1]:.4g} > 65504)"
+                elif ref_max > FLOAT16_MAX:
                     why = f"its output exceeds float16's range (max |x| = {ref_max:.4g} > 65504)"
                 elif not np.all(np.isfinite(np.asarray(_as32(got[d.name]), dtype=np.float64))):
                     why = "its float16 output holds inf or NaN"
@@ -195,7 +204,7 @@ def auto_mixed_precision(
         for k in new:
             blocked.append(k.node)
             kept.append(k)
-    plan = float16_plan(m16, ops, blocked)
+    plan = float16_plan(base, ops, blocked)
     converted = sum(1 for v in plan.values() if v)
     return MixedPrecisionReport(m16, kept, converted, len(order), iterations, diffs, outputs_ok, rtol, atol)
 

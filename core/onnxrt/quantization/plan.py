@@ -205,7 +205,8 @@ def make_plan(model: onnx.ModelProto, candidates: list[onnx.NodeProto], ranges: 
         inputs: dict[str, QParams] = {}
         weights, consts, bias = {}, {}, None
         ok = True
-        for i in role.activations:
+        positions = sorted(set(role.activations) | ({role.weight} if role.weight is not None else set()))
+        for i in positions:
             if i >= len(node.input) or not node.input[i]:
                 continue
             t = node.input[i]
