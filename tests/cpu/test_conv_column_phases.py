@@ -1,5 +1,5 @@
 """Convolutions with stride 2 along the rows on the CPU provider: the banded im2col
-gathers its taps from the column phases of the padded input (``conv._column_phases``)
+gathers its taps from the column phases of the padded input (``onnxrt_cpu.conv.bands.column_phases``)
 instead of reading every second value of a row. The gathered columns are the same
 values in the same order, so the results equal the plain strided gather's bit for
 bit; they are checked against onnxruntime too (and the reference evaluator for
@@ -14,7 +14,8 @@ from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
 import onnxrt
-from onnxrt_cpu.kernels import conv
+from onnxrt_cpu import parallel
+from onnxrt_cpu.conv import bands, forward
 
 # these tests check the numpy paths' internals; the compiled kernels have their own
 # (tests/cpu/test_native_kernels.py)
@@ -41,9 +42,9 @@ def split_calls(monkeypatch):
     """The input shapes each call of ``_column_phases`` split (so a test knows the
     path ran)."""
     calls = []
-    real = conv._column_phases
-    monkeypatch.setattr(conv, "_column_phases", lambda x, *a, **k: calls.append(x.shape) or real(x, *a, **k))
-    monkeypatch.setattr(conv, "_GROUPED_ELEMS", 0)  # grouped layers here take the banded path too
+    real = bands.column_phases
+    monkeypatch.setattr(bands, "column_phases", lambda x, *a, **k: calls.append(x.shape) or real(x, *a, **k))
+    monkeypatch.setattr(forward, "_GROUPED_ELEMS", 0)  # grouped layers here take the banded path too
     return calls
 
 
@@ -75,7 +76,7 @@ def test_equal_to_the_strided_gather_and_to_onnxruntime(split_calls, monkeypatch
     x = np.random.default_rng(0).standard_normal(x_shape).astype(np.float32)
     got = _run(model, x)
     assert split_calls, "the column phases were not used"
-    monkeypatch.setattr(conv, "_COLUMN_PHASES", False)
+    monkeypatch.setattr(forward, "_COLUMN_PHASES", False)
     calls = len(split_calls)
     plain = _run(model, x)
     assert len(split_calls) == calls
@@ -88,8 +89,8 @@ def test_few_output_channels_take_the_column_phases_too(split_calls, monkeypatch
     # a detector's stem, fewer output channels than taps: the banded im2col on the
     # column phases, not the stride phases with their cropping copy
     phase_path = []
-    real = conv._conv_phases
-    monkeypatch.setattr(conv, "_conv_phases", lambda *a, **k: phase_path.append(1) or real(*a, **k))
+    real = forward.conv_phases
+    monkeypatch.setattr(forward, "conv_phases", lambda *a, **k: phase_path.append(1) or real(*a, **k))
     model = _model((1, 3, 40, 38), (8, 3, 3, 3), strides=(2, 2), pads=(1, 1, 1, 1), relu=True)
     x = np.random.default_rng(4).standard_normal((1, 3, 40, 38)).astype(np.float32)
     got = _run(model, x)
@@ -107,8 +108,8 @@ def test_few_output_channels_take_the_column_phases_too(split_calls, monkeypatch
 def test_bands_of_a_batch_and_both_threads(split_calls, monkeypatch):
     # bands of a few output rows each (every band's taps start at its own rows of the
     # phases), two images, and the bands shared by two threads
-    monkeypatch.setattr(conv, "_BAND_ELEMS", 2000)
-    monkeypatch.setattr(conv.parallel, "PARALLEL_MIN_FLOPS", 1)
+    monkeypatch.setattr(bands, "BAND_ELEMS", 2000)
+    monkeypatch.setattr(parallel, "PARALLEL_MIN_FLOPS", 1)
     model = _model((2, 3, 41, 38), (32, 3, 5, 5), strides=(2, 2), pads=(2, 2, 2, 1), relu=True)
     x = np.random.default_rng(1).standard_normal((2, 3, 41, 38)).astype(np.float32)
     got = _run(model, x, threads=2)
@@ -148,7 +149,7 @@ def test_layers_that_keep_the_strided_gather(split_calls, w_shape, strides):
 ])
 def test_the_split_holds_every_padded_column_in_its_phase(shape, pb, pe):
     x = np.arange(np.prod(shape), dtype=np.float32).reshape(shape) + 1
-    q = conv._column_phases(x, pb, pe, 2, -1.0)
+    q = bands.column_phases(x, pb, pe, 2, -1.0)
     padded = np.pad(x, ((0, 0), (0, 0), (pb[0], pe[0]), (pb[1], pe[1])), constant_values=-1.0)
     wp = padded.shape[3]
     for b in range(2):

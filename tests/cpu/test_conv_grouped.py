@@ -1,4 +1,4 @@
-"""Grouped convolutions of small maps (``conv._conv_grouped``): every channel's taps
+"""Grouped convolutions of small maps (``onnxrt_cpu.conv.bands.conv_grouped``): every channel's taps
 gathered at once and one product batched over images and groups. Checked against
 onnxruntime over strides, dilations, paddings, batches, bias and fused activations,
 and that the path ran."""
@@ -10,7 +10,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import onnxrt
-from onnxrt_cpu.kernels import conv
+from onnxrt_cpu.conv import forward
 
 # these tests check the numpy paths' internals; the compiled kernels have their own
 # (tests/cpu/test_native_kernels.py)
@@ -45,8 +45,8 @@ CASES = [
 @pytest.mark.parametrize("x_shape, w_shape, group, strides, pads, dilations", CASES)
 def test_grouped_small_maps_match_onnxruntime(monkeypatch, x_shape, w_shape, group, strides, pads, dilations, act):
     calls = []
-    real = conv._conv_grouped
-    monkeypatch.setattr(conv, "_conv_grouped", lambda *a, **k: calls.append(1) or real(*a, **k))
+    real = forward.conv_grouped
+    monkeypatch.setattr(forward, "conv_grouped", lambda *a, **k: calls.append(1) or real(*a, **k))
     model = _model(x_shape, w_shape, group, strides, pads, dilations, act)
     x = np.random.default_rng(0).standard_normal(x_shape).astype(np.float32)
     got = onnxrt.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]

@@ -1,5 +1,5 @@
 """Strided convolutions with few input channels on the CPU provider: the taps gathered
-from the stride phases of the padded input (``conv._conv_phases``), against
+from the stride phases of the padded input (``onnxrt_cpu.conv.phases.conv_phases``), against
 onnxruntime, with the bias folded into the product, a bias fed at run time, a
 residual and an activation (FusedConv), batches, dilations and 1-D and 3-D maps."""
 
@@ -11,7 +11,7 @@ from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
 import onnxrt
-from onnxrt_cpu.kernels import conv
+from onnxrt_cpu.conv import bands, forward, phases
 
 # these tests check the numpy paths' internals; the compiled kernels have their own
 # (tests/cpu/test_native_kernels.py)
@@ -66,19 +66,19 @@ def phase_calls(monkeypatch):
     """The images each call of the phase path convolved (so a test knows it ran).
     Batches of small maps take the channels-last path (``_conv_rows``) first; its
     budget set to nothing, they take the phases too. Layers with stride 2 along the
-    row take the banded im2col on their column phases (``conv._column_phases``,
+    row take the banded im2col on their column phases (``onnxrt_cpu.conv.bands.column_phases``,
     tests/cpu/test_conv_column_phases.py); with those off, they take the phase path
     as every other stride does."""
-    monkeypatch.setattr(conv, "_BAND_ELEMS", 0)
-    monkeypatch.setattr(conv, "_COLUMN_PHASES", False)
+    monkeypatch.setattr(bands, "BAND_ELEMS", 0)
+    monkeypatch.setattr(forward, "_COLUMN_PHASES", False)
     calls = []
-    real = conv._conv_phases
+    real = forward.conv_phases
 
     def spy(x, *args, **kwargs):
         calls.append(x.shape)
         return real(x, *args, **kwargs)
 
-    monkeypatch.setattr(conv, "_conv_phases", spy)
+    monkeypatch.setattr(forward, "conv_phases", spy)
     return calls
 
 
@@ -132,7 +132,7 @@ def test_residual_and_activation_of_a_fused_convolution(phase_calls):
 
 def test_bands_cover_a_map_taller_than_one_band(phase_calls, monkeypatch):
     # bands of a few output rows: every band's taps start at its own rows of the phases
-    monkeypatch.setattr(conv, "_PHASE_BAND_ELEMS", 600)
+    monkeypatch.setattr(phases, "_PHASE_BAND_ELEMS", 600)
     model = _conv_model((1, 3, 45, 40), (8, 3, 3, 3), strides=(2, 2), pads=(1, 1, 1, 1), relu=True)
     x = np.random.default_rng(5).standard_normal((1, 3, 45, 40)).astype(np.float32)
     got, want = _run_both(model, {"x": x})
@@ -185,8 +185,8 @@ def test_patch_embeddings_take_one_strided_gather_not_the_phases(monkeypatch, x_
     each (a 2 x 4 output took 1.1 ms); past _MAX_PHASES the banded im2col gathers the
     patches in one strided copy."""
     calls = []
-    real = conv._conv_phases
-    monkeypatch.setattr(conv, "_conv_phases", lambda *a, **k: calls.append(1) or real(*a, **k))
+    real = forward.conv_phases
+    monkeypatch.setattr(forward, "conv_phases", lambda *a, **k: calls.append(1) or real(*a, **k))
     # weights scaled by 1 / sqrt(fan-in), as trained layers are: with unit weights a
     # 768-term sum of values near 30 carries float32 rounding of 2e-5 in either runtime
     fan_in = int(np.prod(w_shape[1:]))

@@ -25,7 +25,7 @@ import onnxrt as ort
 from onnxrt.plugin import discovery as plugins
 from onnxrt.run.threads import ThreadSettings, blas_threads, current_thread_count
 from onnxrt_cpu import parallel
-from onnxrt_cpu.kernels import conv as conv_kernels
+from onnxrt_cpu.conv import buffers, channels_last, packing
 from tests.ort_oracle import int8_weight_range
 
 # these tests check the numpy paths' internals; the compiled kernels have their own
@@ -134,8 +134,8 @@ def test_depthwise_runs_channels_last_on_small_maps_only(name, monkeypatch):
     depthwise cases keep the gathered taps (so both stay covered above)."""
     _, x_shape, w_shape, attrs = next(c for c in CONVS if c[0] == name)
     calls = []
-    original = conv_kernels._depthwise_channels_last
-    monkeypatch.setattr(conv_kernels, "_depthwise_channels_last",
+    original = channels_last.depthwise_channels_last
+    monkeypatch.setattr(channels_last, "depthwise_channels_last",
                         lambda *a, **k: calls.append(1) or original(*a, **k))
     sess = ort.InferenceSession(_conv_model(x_shape, w_shape, **attrs).SerializeToString(),
                                 providers=["CPUExecutionProvider"])
@@ -262,14 +262,14 @@ def test_depthwise_constant_bias_folded_once(x_shape, strides, monkeypatch):
                        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
                        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")]).SerializeToString()
     folded = []
-    original = conv_kernels._ConvWeights.depthwise_taps
+    original = packing.ConvWeights.depthwise_taps
 
     def spy(self, *args):
         result = original(self, *args)
         folded.append(result[0])
         return result
 
-    monkeypatch.setattr(conv_kernels._ConvWeights, "depthwise_taps", spy)
+    monkeypatch.setattr(packing.ConvWeights, "depthwise_taps", spy)
     sess = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
     x = rng.standard_normal(x_shape).astype(np.float32)
     want, = rt.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, {"x": x})
@@ -385,19 +385,17 @@ def test_integer_conv_in_row_bands_equals_the_int64_convolution(threads, monkeyp
     channels-last path gathers and multiplies bands of output rows, claimed by the
     threads, and K (800) is longer than one exact float32 product, so each band sums
     its K chunks in float64. The result equals the int64 convolution exactly."""
-    from onnxrt_cpu.kernels import conv
-
     if threads > 1:
         monkeypatch.setattr(parallel, "PARALLEL_MIN_FLOPS", 1 << 14)
     blocks = []
-    plan = conv._row_blocks
+    plan = channels_last.row_blocks
 
     def spy(*args):
         jobs = plan(*args)
         blocks.extend(jobs)
         return jobs
 
-    monkeypatch.setattr(conv, "_row_blocks", spy)
+    monkeypatch.setattr(channels_last, "row_blocks", spy)
     rng = np.random.default_rng(3)
     x = rng.integers(0, 256, (3, 32, 40, 40)).astype(np.uint8)
     x[:, :, ::3] = 255
@@ -429,11 +427,9 @@ def test_quantized_1x1_conv_reads_its_rows_from_the_input(monkeypatch):
     subsampled input, without an im2col buffer; per-channel weight scales and a bias
     reach every channel; the geometry kept per input shape serves batches of 3, 1 and
     3 again and a new image size. Each run equals onnxruntime's bit for bit."""
-    from onnxrt_cpu.kernels import conv
-
     gathers = []
-    scratch = conv._scratch
-    monkeypatch.setattr(conv, "_scratch", lambda *a: gathers.append(a) or scratch(*a))
+    scratch = buffers.scratch
+    monkeypatch.setattr(buffers, "scratch", lambda *a: gathers.append(a) or scratch(*a))
     rng = np.random.default_rng(5)
     m, c = 24, 20
     inits = [

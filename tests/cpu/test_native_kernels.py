@@ -157,7 +157,7 @@ def _gid(g):
 
 def _expected_kernel(x_shape, w_shape, attrs) -> str:
     """The compiled function a float32 convolution of these shapes goes to (the rules
-    of onnxrt_cpu.kernels.conv: depthwise, Winograd, direct, im2col)."""
+    of onnxrt_cpu.conv: depthwise, Winograd, direct, im2col)."""
     group, kernel = attrs.get("group", 1), tuple(w_shape[2:])
     m, c = w_shape[:2]
     if group == x_shape[1] and c == 1:
@@ -638,10 +638,10 @@ def test_a_huge_kernel_is_refused_before_allocating_and_the_numpy_path_takes_it(
     with pytest.raises(MemoryError, match="gathered columns exceed"):
         native.K.conv2d(x, w, None, None, y, (1, 1, 1163, 1163, 1, 1, 1100, 1100, 1, 1, 1, 1, 0, 0, 64, 64),
                         0, 0.0, 0.0, 1)
-    from onnxrt_cpu.kernels import conv
+    from onnxrt_cpu.conv import compiled, packing
 
-    wp = conv._ConvWeights(w.reshape(1, 1, 1100, 1100), 1, np.dtype(np.float32))
-    assert not conv._conv_native(x, wp, (1, 1), (1, 1), (0, 0), (0, 0), (64, 64), y, 0, None, None, None)
+    wp = packing.ConvWeights(w.reshape(1, 1, 1100, 1100), 1, np.dtype(np.float32))
+    assert not compiled.conv_native(x, wp, (1, 1), (1, 1), (0, 0), (0, 0), (64, 64), y, 0, None, None, None)
 
 
 @needs_native

@@ -368,16 +368,16 @@ def test_qlinear_conv_bias_in_the_product_up_to_the_exact_bound(kernel, fits, mo
         [helper.make_tensor_value_info("x", TensorProto.UINT8, list(x.shape))],
         [helper.make_tensor_value_info("y", TensorProto.UINT8, None)], inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=10).SerializeToString()
-    from onnxrt_cpu.kernels import conv
+    from onnxrt_cpu.conv import integer
 
     folded = []
-    with_bias_row = conv._IntConvBase._with_bias_row
+    with_bias_row = integer.IntConvBase._with_bias_row
 
     def spy(self, *args):
         folded.append(True)
         return with_bias_row(self, *args)
 
-    monkeypatch.setattr(conv._IntConvBase, "_with_bias_row", spy)
+    monkeypatch.setattr(integer.IntConvBase, "_with_bias_row", spy)
     sess = onnxrt.InferenceSession(model, providers=["CPUExecutionProvider"])
     ref = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
     mult = np.float32(0.02) * np.float32(0.01) / np.float32(2.0 * kernel * kernel)

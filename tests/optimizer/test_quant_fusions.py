@@ -549,17 +549,17 @@ def test_qlinear_conv_constant_weight_path_matches_fed_weight(case, monkeypatch)
              "ws": np.asarray(ws), "ys": np.array(0.7, np.float32), "yz": np.array(2, np.int8)}
     fed = dict(feeds, w=w, wz=wz, **({"b": b} if b is not None else {}))
     x_type = I8 if x_dt == np.int8 else U8
-    from onnxrt_cpu.kernels import conv
+    from onnxrt_cpu.conv import integer
 
     taken = []
-    rows = conv._IntConvBase._accumulate_rows
+    rows = integer.IntConvBase._accumulate_rows
 
     def spy(self, *args):
         r = rows(self, *args)
         taken.append(r is not None)
         return r
 
-    monkeypatch.setattr(conv._IntConvBase, "_accumulate_rows", spy)
+    monkeypatch.setattr(integer.IntConvBase, "_accumulate_rows", spy)
     got = _qconv_session(w, wz, b, True, x_type, **attrs).run(None, feeds)[0]
     assert taken == [True]
     want = _qconv_session(w, wz, b, False, x_type, **attrs).run(None, fed)[0]

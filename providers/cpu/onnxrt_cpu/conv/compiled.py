@@ -1,0 +1,184 @@
+"""The convolutions of the compiled kernels (``onnxrt_cpu.native``): which of them
+takes a layer (Winograd's F(2x2, 3x3), the direct kernel, im2col in cache-sized
+tiles, the depthwise kernel) and the call, 2-D maps (a 1-D one as one row) of
+float32 or float64, and QLinearConv's 8-bit convolutions."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .. import native, parallel
+
+__all__ = ["WINOGRAD_MIN_CHANNELS", "conv_native", "depthwise_native", "direct_pays", "native_geometry",
+           "qlinear_conv_native", "winograd_pays"]
+
+_NATIVE_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
+
+#: Fewest output positions a side, and input times output channels, for which a 3x3
+#: convolution takes Winograd's F(2x2, 3x3) (:func:`winograd_pays`).
+_WINOGRAD_MIN_SIDE = 12
+WINOGRAD_MIN_CHANNELS = 64 * 64
+
+
+#: Longest reduction (input channels times taps) a convolution takes the compiled
+#: direct kernel for (:func:`direct_pays`).
+_DIRECT_MAX_K = 300
+
+
+#: Fewest output positions of a map the direct kernel takes: it runs every image as
+#: two pool jobs, which on small maps cost more than the work (QDQ ResNet-style
+#: model, batch 8, a 3x3/2 layer of 32 -> 64 channels to 4 x 4: 103 -> 510 us).
+_DIRECT_MIN_POSITIONS = 400
+
+
+def direct_pays(x4, wp, kernel, out_sp) -> bool:
+    """Whether the compiled direct kernel takes this layer: float32, group 1, not 1x1,
+    a reduction of at most 300 (input channels times taps), at most 16 output
+    channels or at least 8 input channels, and maps of at least 400 outputs. There im2col's product is short and
+    narrow and runs far below BLAS's peak; the direct kernel keeps four output channels
+    by 64 positions in registers. One thread: the YOLO-style detector's stem (8 x 3,
+    3x3/2 at 320 x 320) 345 -> 239 us, 8 x 8 3x3 at 80 x 80 235 -> 122, 32 x 32 3x3 at
+    40 x 40 462 -> 334; but 32 x 3 3x3/2 at 224 x 224 490 -> 562 (left to im2col)."""
+    m, c = wp.shape[:2]
+    return (x4.dtype == np.float32 and wp.group == 1 and kernel != (1, 1)
+            and c * kernel[0] * kernel[1] <= _DIRECT_MAX_K and (m <= 16 or c >= 8)
+            and out_sp[0] * out_sp[1] >= _DIRECT_MIN_POSITIONS)
+
+
+def winograd_pays(x4, wp, kernel, strides, dilations, out_sp) -> bool:
+    """Whether the compiled F(2x2, 3x3) kernel takes this layer: float32, group 1, 3x3,
+    stride 1, no dilation, maps of at least 12 x 12 outputs and at least 64 x 64
+    channels. It multiplies 2.25 times less than im2col does, in 16 products of [M, C]
+    x [C, tiles], plus additions for its transforms: ResNet-18's 3x3 layers on two
+    threads, 64 x 56 x 56 1526 -> 1045 us, 128 x 28 x 28 1534 -> 930, 256 x 14 x 14
+    1569 -> 736; but 512 x 7 x 7 (16 tiles) 1905 -> 2101 and 32 x 32 channels at 40 x
+    40 441 -> 506 on one thread, whose products are too narrow for BLAS. Results agree
+    with the direct convolution to about 1e-6 relative (the transforms' coefficients
+    are 0, +-1 and +-1/2)."""
+    return (x4.dtype == np.float32 and wp.group == 1 and kernel == (3, 3) and strides == (1, 1)
+            and dilations == (1, 1) and min(out_sp) >= _WINOGRAD_MIN_SIDE
+            and wp.shape[0] * wp.shape[1] >= WINOGRAD_MIN_CHANNELS)
+
+
+def native_geometry(x, wp, strides, dilations, pb, pe, out_sp, pad_value):
+    """``(x as [N, C, H, W], kernel (kh, kw), strides, dilations, pads begin, out
+    (oh, ow))`` for the compiled kernels, a 1-D convolution as a 2-D one of one row;
+    None where they do not take the layer (3-D and more, a padding value other than
+    0, negative pads, a dtype other than float32/64, an empty output)."""
+    if native.K is None or pad_value != 0 or x.dtype not in _NATIVE_FLOATS or min(pb) < 0 or min(pe) < 0 \
+            or 0 in out_sp or 0 in x.shape or wp.shape[0] == 0:
+        return None
+    if x.ndim == 4:
+        return (np.ascontiguousarray(x), tuple(wp.kernel), tuple(strides), tuple(dilations), tuple(pb),
+                tuple(out_sp))
+    if x.ndim == 3:
+        return (np.ascontiguousarray(x).reshape(x.shape[0], x.shape[1], 1, x.shape[2]), (1, wp.kernel[0]),
+                (1, strides[0]), (1, dilations[0]), (0, pb[0]), (1, out_sp[0]))
+    return None
+
+
+def native_act(act):
+    """``(kind, lo, hi)`` of a fused activation the compiled kernels apply, from its
+    ``native`` form (FusedConv's Relu and Clip); (0, 0, 0) for none."""
+    return act if act is not None else (0, 0.0, 0.0)
+
+
+def depthwise_native(x, wp, strides, dilations, pb, pe, out_sp, y, pad_value, bias, act) -> bool:
+    """The depthwise convolution by the compiled kernel, where it takes the layer
+    (:func:`native_geometry`), with the bias ``[C]`` and the activation ``act``
+    (``(kind, lo, hi)``, or None); False where it did nothing.
+
+    Per plane it does what :func:`depthwise` does in numpy calls (the stride phases
+    of the padded input, every tap a contiguous run, the output on the phases' row
+    pitch), in one pass in cache; maps of up to 256 positions go channels last, a
+    vector of channels at a time. MobileNetV2's depthwise layers on one thread: 8.7 ms
+    in numpy calls, 1.4 ms compiled, onnxruntime 1.1 ms."""
+    geo = native_geometry(x, wp, strides, dilations, pb, pe, out_sp, pad_value)
+    if geo is None:
+        return False
+    x4, (kh, kw), (sh, sw), (dh, dw), (pt, pl), (oh, ow) = geo
+    n, c, h, w_ = x4.shape
+    if bias is not None:
+        bias = np.ascontiguousarray(bias, dtype=x.dtype).reshape(c)
+    kind, lo, hi = native_act(act)
+    native.K.depthwise2d(x4, wp.depthwise, bias, y, (n, c, h, w_, kh, kw, sh, sw, dh, dw, pt, pl, oh, ow),
+                        kind, lo, hi, parallel.thread_count())
+    return True
+
+
+def conv_native(x, wp, strides, dilations, pb, pe, out_sp, y, pad_value, bias, residual, act) -> bool:
+    """The convolution by the compiled kernel (im2col in cache-sized chunks, numpy's
+    BLAS, bias, residual and activation on each tile while it is in cache, the
+    chunks on the compiled pool), where it takes the layer (:func:`native_geometry`,
+    and numpy's BLAS handed over); False where it did nothing."""
+    if not native.BLAS:
+        return False
+    geo = native_geometry(x, wp, strides, dilations, pb, pe, out_sp, pad_value)
+    if geo is None:
+        return False
+    x4, (kh, kw), (sh, sw), (dh, dw), (pt, pl), (oh, ow) = geo
+    n, c, h, w_ = x4.shape
+    m = wp.shape[0]
+    if bias is not None:
+        bias = np.ascontiguousarray(bias, dtype=x.dtype).reshape(m)
+    if residual is not None:
+        residual = np.ascontiguousarray(residual, dtype=x.dtype)
+    kind, lo, hi = native_act(act)
+    if winograd_pays(x4, wp, (kh, kw), (sh, sw), (dh, dw), (oh, ow)):
+        native.K.winograd3x3(x4, wp.winograd(), bias, residual, y, (n, c, h, w_, m, pt, pl, oh, ow), kind, lo, hi,
+                             parallel.thread_count())
+        return True
+    if direct_pays(x4, wp, (kh, kw), (oh, ow)):
+        try:
+            native.K.direct2d(x4, wp.gemm, bias, residual, y, (n, c, h, w_, m, kh, kw, sh, sw, dh, dw, pt, pl, oh, ow),
+                              kind, lo, hi, parallel.thread_count())
+            return True
+        except MemoryError:
+            pass  # input phases past the compiled kernel's limit: im2col below, in bounded tiles
+    try:
+        native.K.conv2d(x4, wp.gemm, bias, residual, y,
+                        (n, c, h, w_, m, wp.group, kh, kw, sh, sw, dh, dw, pt, pl, oh, ow), kind, lo, hi,
+                        parallel.thread_count())
+    except MemoryError:
+        # a kernel so large that a tile of its gathered columns passes the compiled
+        # kernel's limit: the numpy path gathers in bounded bands
+        return False
+    return True
+
+
+def qlinear_conv_native(x, wp32, w8, bias, mult, y, kernel, strides, dilations, pb, out_sp, zp: int,
+                        y_zp: int) -> bool:
+    """QLinearConv of the 8-bit ``x`` (2-D, or 1-D as one row) into the 8-bit ``y`` by
+    the compiled kernels: the 8-bit products where ``w8`` (the weight packed by
+    :func:`~onnxrt_cpu.native.pack_conv_int8`) is given, else the direct kernel or
+    im2col on ``wp32``'s centred float32 weight, each tile requantized with ``mult``
+    (float32 [M] or [1]) and ``bias`` (float32 [M] or None) while in cache. False
+    where the kernel refused the layer for its size (the numpy path gathers in
+    bounded bands)."""
+    m = y.shape[1]
+    if x.ndim == 3:
+        x4 = np.ascontiguousarray(x).reshape(x.shape[0], x.shape[1], 1, x.shape[2])
+        geometry = (1, kernel[0], 1, strides[0], 1, dilations[0], 0, pb[0], 1, out_sp[0])
+    else:
+        x4 = np.ascontiguousarray(x)
+        geometry = (*kernel, *strides, *dilations, pb[0], pb[1], *out_sp)
+    n, c, h, wd = x4.shape
+    group = wp32.group
+    try:
+        if w8 is not None:
+            # 8-bit products (AVX-512 VNNI): the same output bit for bit, the
+            # products four times as dense as float32's
+            native.K.qconv8(x4, w8[0], w8[1], bias, mult, y, (n, c, h, wd, m, group, *geometry),
+                            zp, y_zp, parallel.thread_count())
+        elif direct_pays(np.empty(0, np.float32), wp32, tuple(geometry[:2]), tuple(geometry[-2:])):
+            # few output channels or a short reduction: the direct kernel (the
+            # QDQ ResNet-style model's 7x7 stem of 16 channels, batch 8: 935 ->
+            # 400 us on two threads)
+            native.K.qdirect2d(x4, wp32.gemm, bias, mult, y, (n, c, h, wd, m, *geometry), zp, y_zp,
+                               parallel.thread_count())
+        else:
+            native.K.qconv2d(x4, wp32.gemm, bias, mult, y, (n, c, h, wd, m, group, *geometry), zp, y_zp,
+                             parallel.thread_count())
+    except MemoryError:
+        return False
+    return True
