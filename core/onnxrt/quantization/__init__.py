@@ -16,7 +16,7 @@ onnxruntime loads too.
 from .calibrate import CalibrationDataReader, NumpyDataReader, collect_ranges
 from .dynamic import quantize_dynamic
 from .float16 import convert_float_to_float16
-from .mixed_precision import MixedPrecisionReport, auto_convert_mixed_precision
+from .mixed_precision import MixedPrecisionReport, auto_convert_mixed_precision, auto_mixed_precision
 from .report import QuantizationReport
 from .static import quantize_static
 from .types import CalibrationMethod, QuantFormat, QuantType
@@ -33,5 +33,6 @@ __all__ = [
     "QuantizationReport",
     "convert_float_to_float16",
     "auto_convert_mixed_precision",
+    "auto_mixed_precision",
     "MixedPrecisionReport",
 ]
