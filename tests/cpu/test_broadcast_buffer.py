@@ -14,7 +14,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import onnxrt as ort
-from onnxrt_cpu.kernels import rows
+from onnxrt_cpu import rows
 
 # these tests check the numpy paths' internals; the compiled kernels have their own
 # (tests/cpu/test_native_kernels.py)

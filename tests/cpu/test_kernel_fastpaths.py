@@ -527,7 +527,7 @@ def test_columns_op_equals_broadcasting(shape):
     """rows.columns_op widens the inner loop by taking rows together with the
     vector repeated; any row count (odd ones included) gives numpy's broadcast, in
     place or into ``out``, with the vector as either operand."""
-    from onnxrt_cpu.kernels.rows import columns_op
+    from onnxrt_cpu.rows import columns_op
 
     rng = np.random.default_rng(7)
     x = rng.standard_normal(shape).astype(np.float32)
@@ -569,7 +569,7 @@ def test_softmax_goes_straight_to_the_shift_once_a_call_needed_it(monkeypatch):
     """A Softmax whose logits overflow exp needs the shift by the row maximum; from
     then on the kernel skips the unshifted attempt, and both kinds of logits still
     give onnxruntime's probabilities."""
-    from onnxrt_cpu.kernels import rows
+    from onnxrt_cpu import rows
 
     attempts = []
     unshifted = rows.unshifted_softmax
@@ -781,7 +781,7 @@ def test_default_thread_count_is_the_usable_cores(probe_plugin):
     assert y[0] == len(os.sched_getaffinity(0))
 
 
-# -- branch-free selection (onnxrt_cpu.kernels.select) -----------------------------------
+# -- branch-free selection (onnxrt_cpu.select) -----------------------------------
 
 SELECT_DTYPES = [np.float32, np.float64, np.float16, np.int64, np.int32, np.int8, np.uint16, np.bool_, np.complex64]
 SELECT_SHAPES = [
@@ -797,7 +797,7 @@ SELECT_SHAPES = [
 @pytest.mark.parametrize("dtype", SELECT_DTYPES, ids=lambda d: np.dtype(d).name)
 @pytest.mark.parametrize("shapes", SELECT_SHAPES, ids=str)
 def test_blend_where_is_bitwise_numpy_where(dtype, shapes):
-    from onnxrt_cpu.kernels.select import where
+    from onnxrt_cpu.select import where
 
     rng = np.random.default_rng(0)
     sa, sb, sc = shapes
@@ -815,7 +815,7 @@ def test_blend_where_is_bitwise_numpy_where(dtype, shapes):
 
 
 def test_relu_and_clamp_match_numpy_including_nan():
-    from onnxrt_cpu.kernels.select import clamp, relu
+    from onnxrt_cpu.select import clamp, relu
 
     x = np.random.default_rng(0).standard_normal(100_000).astype(np.float32)
     x[:3] = [np.nan, np.inf, -np.inf]
@@ -1237,7 +1237,7 @@ def _softmax_regimes():
 def test_softmax_unshifted_path_and_its_fallbacks_match_onnxruntime(regime):
     """Softmax over short rows takes exp unshifted when every row sum stays in range,
     and shifts by the row maximum otherwise: both give onnxruntime's probabilities."""
-    from onnxrt_cpu.kernels.rows import unshifted_softmax
+    from onnxrt_cpu.rows import unshifted_softmax
 
     x = _softmax_regimes()[regime]
     model = make_model(
@@ -1261,7 +1261,7 @@ _ROW_REDUCE_OPS = ["ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceS
 @pytest.mark.parametrize("keepdims", [0, 1])
 def test_last_axis_reductions_through_the_row_helpers_match_onnxruntime(op_type, shape, keepdims):
     """Reductions over the last axis alone of float arrays of 512 values or more go
-    through onnxrt_cpu.kernels.rows (column passes, the transposed maximum, halving,
+    through onnxrt_cpu.rows (column passes, the transposed maximum, halving,
     products with ones): onnxruntime's values and shapes. A NaN gives a NaN for its
     row, as numpy's reductions (and onnxrt's before the row route) do; onnxruntime's
     ReduceMax and ReduceMin skip it."""

@@ -19,7 +19,7 @@ from .compiled import conv_native, depthwise_native
 from .depthwise import depthwise
 from .packing import ConvWeights
 from .phases import conv_phases
-from ..kernels.rows import broadcast_buffer
+from ..rows import broadcast_buffer
 
 __all__ = ["convolve"]
 

@@ -19,8 +19,8 @@ from .. import native
 from ..parallel import parallel_for, thread_count
 from ..registry import op
 from .math import erf, is_low_float
-from .rows import SoftmaxRoute, row_max, row_sum, softmax_rows
-from .select import relu as _relu
+from ..rows import SoftmaxRoute, row_max, row_sum, softmax_rows
+from ..select import relu as _relu
 
 _F32 = np.dtype(np.float32)
 

@@ -20,7 +20,7 @@ from onnxrt.plugin.kernel import Kernel
 
 from ..parallel import matmul_nd
 from ..registry import op
-from .rows import row_max, row_sum, unshifted_softmax
+from ..rows import row_max, row_sum, unshifted_softmax
 
 __all__ = ["Attention", "RotaryEmbedding", "LinearAttention", "CausalConvWithState", "FlexAttention"]
 

@@ -15,7 +15,7 @@ from ..registry import op
 from .activation import _sigmoid
 from .conv import Conv
 from .linalg import Gemm
-from .select import clamp, relu, where
+from ..select import clamp, relu, where
 
 __all__ = ["ACTIVATIONS", "FusedConv", "FusedGemm", "apply_activation"]
 

@@ -42,8 +42,8 @@ from .quantize import (
     int_matmul_f32,
     requantize,
 )
-from .rows import columns_op, plane_sum, row_op
-from .select import byte_lookup, clip
+from ..rows import columns_op, plane_sum, row_op
+from ..select import byte_lookup, clip
 
 __all__ = [
     "DynamicQuantizeMatMul",

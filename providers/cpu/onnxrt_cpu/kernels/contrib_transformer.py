@@ -22,7 +22,7 @@ from ..parallel import matmul_nd
 from ..registry import op
 from .activation import gelu_erf, swish
 from .normalization import _normalize
-from .rows import SoftmaxRoute, broadcast_buffer, columns_op, row_mean, row_op, row_vector, softmax_rows
+from ..rows import SoftmaxRoute, broadcast_buffer, columns_op, row_mean, row_op, row_vector, softmax_rows
 
 __all__ = [
     "Attention",

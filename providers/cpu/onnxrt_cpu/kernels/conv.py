@@ -29,7 +29,7 @@ from ..conv.geometry import check_rank, col2im_add, compute_dtype, conv_pads, pa
 from ..conv.integer import IntConvBase, input_bound, requantize_output, to_int32
 from ..conv.packing import ConvWeights, DeconvWeights, is_constant_input, weight_for
 from ..registry import op
-from .rows import columns_op
+from ..rows import columns_op
 
 __all__ = ["Conv", "ConvInteger", "ConvTranspose", "DeformConv", "QLinearConv", "compute_dtype", "conv_pads",
            "pad_spatial", "spatial_attrs", "tap_slices"]

@@ -14,7 +14,7 @@ from onnxrt.plugin.kernel import Kernel
 from onnxrt.run.limits import check_allocation
 
 from ..registry import op
-from .select import byte_lookup
+from ..select import byte_lookup
 
 _INT64 = np.dtype(np.int64)
 

@@ -15,7 +15,7 @@ from onnxrt.plugin.kernel import Kernel
 
 from ..parallel import matmul_nd
 from ..registry import op
-from .rows import row_op
+from ..rows import row_op
 
 __all__ = ["MatMul", "Gemm", "FusedMatMul"]
 

@@ -14,10 +14,10 @@ import numpy as np
 from onnxrt.plugin.kernel import Kernel
 
 from ..registry import op
-from .rows import broadcast_buffer, columns_op, row_vector
-from .select import _clip as _clip_ufunc
-from .select import clamp
-from .select import where as _blend_where
+from ..rows import broadcast_buffer, columns_op, row_vector
+from ..select import _clip as _clip_ufunc
+from ..select import clamp
+from ..select import where as _blend_where
 
 __all__ = ["erf", "is_low_float", "upcast", "legacy_broadcast"]
 

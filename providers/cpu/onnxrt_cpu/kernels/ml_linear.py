@@ -13,7 +13,7 @@ from onnxrt.plugin.kernel import Kernel
 
 from ..registry import op
 from .ml_tree import as_matrix, binary_pair, check_post, logistic, post_transform, probit
-from .rows import row_max, row_op, row_sum
+from ..rows import row_max, row_op, row_sum
 
 _F32 = np.float32
 

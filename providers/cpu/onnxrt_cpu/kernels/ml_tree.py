@@ -20,8 +20,8 @@ import numpy as np
 from onnxrt.plugin.kernel import Kernel
 
 from ..registry import op
-from .rows import softmax_rows
-from .select import where
+from ..rows import softmax_rows
+from ..select import where
 
 # comparison modes; LEAF marks leaves
 LEQ, LT, GTE, GT, EQ, NEQ, MEMBER, LEAF = range(8)

@@ -17,7 +17,7 @@ from onnxrt.plugin.kernel import Kernel
 
 from .. import native
 from ..registry import op
-from .rows import broadcast_buffer, row_mean, row_op
+from ..rows import broadcast_buffer, row_mean, row_op
 
 
 def _work_dtype(*dts) -> np.dtype:

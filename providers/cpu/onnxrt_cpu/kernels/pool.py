@@ -22,7 +22,7 @@ from onnxrt.plugin.pool_geometry import pool_geometry
 from .. import native, parallel
 from ..registry import op
 from .conv import compute_dtype, pad_spatial, spatial_attrs, tap_slices
-from .rows import channels_last, plane_sum
+from ..rows import channels_last, plane_sum
 
 # Above this window extent on any axis, reduce a sliding-window view rather than looping over taps.
 _MAX_TAPS = 64

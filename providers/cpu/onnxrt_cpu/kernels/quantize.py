@@ -27,7 +27,7 @@ from .. import native
 from ..parallel import matmul_nd
 from ..registry import op
 from .cast import SATURATING_F8, cast_array
-from .select import clip
+from ..select import clip
 
 __all__ = ["DequantizeLinear", "MatMulInteger", "QLinearMatMul", "QuantizeLinear", "dynamic_quantize_linear",
            "column_l1", "dynamic_range", "int_matmul_f32", "requantize"]

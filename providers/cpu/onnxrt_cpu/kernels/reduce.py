@@ -16,7 +16,7 @@ import numpy as np
 from onnxrt.plugin.kernel import Kernel
 
 from ..registry import op
-from .rows import row_max, row_mean, row_min, row_sum
+from ..rows import row_max, row_mean, row_min, row_sum
 
 __all__ = ["Reduce", "ArgMax", "ArgMin"]
 
