@@ -31,6 +31,37 @@ def _output_rank_shape(body, i: int):
     return None
 
 
+def _declared_dtype(body, i: int):
+    """The element type body output ``i`` declares, or None."""
+    if i >= len(body.graph.outputs):
+        return None
+    tp = body.graph.outputs[i].type
+    if tp.HasField("tensor_type") and tp.tensor_type.elem_type:
+        try:
+            return np_dtype(tp.tensor_type.elem_type)
+        except TypeError:
+            return None
+    return None
+
+
+def _describe(v) -> str:
+    if isinstance(v, np.ndarray):
+        return f"a tensor of {v.dtype}"
+    if isinstance(v, list):
+        return "a sequence"
+    return "an empty optional" if v is None else type(v).__name__
+
+
+def _same_kind(a, b) -> bool:
+    """Whether ``b`` can stand where ``a`` stood: both tensors of one dtype, both
+    sequences, or either an empty optional."""
+    if a is None or b is None:
+        return True
+    if isinstance(a, np.ndarray) and isinstance(b, np.ndarray):
+        return a.dtype == b.dtype
+    return isinstance(a, list) == isinstance(b, list) and isinstance(a, np.ndarray) == isinstance(b, np.ndarray)
+
+
 @op("If", since=1)
 class If(Kernel):
     """Runs ``then_branch`` or ``else_branch``."""
@@ -38,13 +69,26 @@ class If(Kernel):
     def setup(self):
         self.then_branch = self.attrs["then_branch"]
         self.else_branch = self.attrs["else_branch"]
+        n = len(self.node.outputs)
+        # what either branch declares, each output: the branch that runs must return it
+        self.want = [_declared_dtype(self.then_branch, i) or _declared_dtype(self.else_branch, i)
+                     for i in range(n)]
 
     def run(self, cond, outer=None, ctx=None):
         c = np.asarray(cond)
         if c.size != 1:
             raise ValueError(f"If condition must hold one element, got shape {list(c.shape)}")
-        branch = self.then_branch if bool(c.reshape(-1)[0]) else self.else_branch
-        return branch(outer=outer, ctx=ctx)
+        taken = bool(c.reshape(-1)[0])
+        branch = self.then_branch if taken else self.else_branch
+        outs = branch(outer=outer, ctx=ctx)
+        if len(outs) != len(self.want):
+            raise ValueError(f"{self.node.describe()}: the {'then' if taken else 'else'} branch returned "
+                             f"{len(outs)} values for {len(self.want)} outputs")
+        for i, (v, want) in enumerate(zip(outs, self.want)):
+            if want is not None and isinstance(v, np.ndarray) and v.dtype != want:
+                raise TypeError(f"{self.node.describe()}: the {'then' if taken else 'else'} branch returned "
+                                f"{v.dtype} for output {i}, which the branches declare as {want}")
+        return outs
 
 
 @op("Loop", since=1)
@@ -70,8 +114,17 @@ class Loop(Kernel):
 
                 raise RuntimeException("the run was terminated (RunOptions.terminate) inside a Loop")
             outs = self.body(np.array(i, dtype=np.int64), np.array(keep_going), *values, outer=outer, ctx=ctx)
+            if len(outs) < 1 + self.n_carried + self.n_scan:
+                raise ValueError(f"{self.node.describe()}: the body returned {len(outs)} values, expected "
+                                 f"{1 + self.n_carried + self.n_scan}")
             keep_going = bool(np.asarray(outs[0]).reshape(-1)[0])
-            values = list(outs[1 : 1 + self.n_carried])
+            new = outs[1 : 1 + self.n_carried]
+            for j, (old, v) in enumerate(zip(values, new)):
+                if not _same_kind(old, v):
+                    # the body's next iteration, and the node's consumers, were typed for the first
+                    raise TypeError(f"{self.node.describe()}: carried value {j} entered iteration {i} as "
+                                    f"{_describe(old)} and left it as {_describe(v)}")
+            values = list(new)
             for k in range(self.n_scan):
                 s = outs[1 + self.n_carried + k]
                 scans[k].append(s)
@@ -158,8 +211,15 @@ class Scan(Kernel):
             if x.shape[0] != length:
                 raise ValueError(f"Scan input {n_state + j} has {x.shape[0]} steps, expected {length}")
         collected: list[list] = [[] for _ in self.out_axes]
+        n_out = n_state + len(self.out_axes)
         for t in range(length):
             out = self.body(*states, *[x[t] for x in scans], outer=outer, ctx=ctx)
+            if len(out) != n_out:
+                raise ValueError(f"{self.node.describe()}: the body returned {len(out)} values, expected {n_out}")
+            for j, (old, v) in enumerate(zip(states, out[:n_state])):
+                if not _same_kind(old, v):
+                    raise TypeError(f"{self.node.describe()}: state {j} entered step {t} as {_describe(old)} "
+                                    f"and left it as {_describe(v)}")
             states = list(out[:n_state])
             for k, v in enumerate(out[n_state:]):
                 collected[k].append(v)

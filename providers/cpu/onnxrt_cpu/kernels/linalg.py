@@ -10,8 +10,11 @@ so a run is one matmul plus the bias.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 from onnxrt.plugin.kernel import Kernel
+from onnxrt.run.limits import allocation_limit, check_allocation
 
 from ..parallel import matmul_nd
 from ..registry import op
@@ -34,6 +37,19 @@ def _as_compute(x: np.ndarray, cdt: np.dtype) -> np.ndarray:
     return x if x.dtype == cdt else x.astype(cdt)
 
 
+def _check_product(k, a: np.ndarray, b: np.ndarray, cdt: np.dtype) -> None:
+    """Refuse a product over the allocation cap before it is made: ``[N, 1] @ [1, N]``
+    (or ``[N, 0] @ [0, N]``, from empty operands) is ``N * N`` values. The batch of
+    the result is at most the product of the operands' batches, a cheap bound that
+    decides whether the exact shape is worth computing."""
+    m = a.shape[-2] if a.ndim > 1 else 1
+    n = b.shape[-1] if b.ndim > 1 else 1
+    bound = m * n * math.prod(a.shape[:-2]) * math.prod(b.shape[:-2]) * cdt.itemsize
+    if bound > allocation_limit():
+        batch = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+        check_allocation((*batch, m, n), cdt, f"{k.node.op_type} output")
+
+
 @op("MatMul", since=1)
 class MatMul(Kernel):
     """Matrix product with numpy ``matmul`` semantics (1-D operands, broadcast batches)."""
@@ -54,6 +70,7 @@ class MatMul(Kernel):
             )
         out_dt = a.dtype
         cdt = _compute_dtype(out_dt)
+        _check_product(self, a, b, cdt)
         bb = self.b_packed if self.b_packed is not None and self.b_packed.shape == b.shape else _as_compute(b, cdt)
         try:
             y = matmul_nd(_as_compute(a, cdt), bb)
@@ -115,6 +132,8 @@ class Gemm(Kernel):
                 f"{desc}: inner dimensions differ: A' is {aa.shape}, B' is {bb.shape} "
                 f"(transA={int(self.trans_a)}, transB={int(self.trans_b)})"
             )
+        if aa.shape[0] * bb.shape[1] * cdt.itemsize > allocation_limit():
+            check_allocation((aa.shape[0], bb.shape[1]), cdt, "Gemm output")  # [M, 0] x [0, N] too
         y = matmul_nd(aa, bb)
         if cdt.kind == "f":
             if not alpha_done and self.alpha != 1.0:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from onnxrt.plugin.kernel import Kernel
+from onnxrt.run.limits import allocation_limit, check_allocation
 
 from ..registry import op
 from ..rows import broadcast_buffer, columns_op, row_vector
@@ -302,6 +303,20 @@ def _with_row_vector(name, a, b):
     return columns_op(_UFUNCS[name], big, row, out=np.empty(big.shape, big.dtype), vec_first=first)
 
 
+def _check_broadcast(k, dtype, *xs) -> None:
+    """Refuse a broadcast result over the allocation cap before it is made.
+
+    Broadcasting ``[N, 1]`` with ``[1, N]`` makes ``N * N`` values from ``2 N``; the
+    result never holds more than the product of the operands' sizes, so that cheap
+    bound decides whether the exact shape is worth computing."""
+    bound = dtype.itemsize
+    for x in xs:
+        bound *= x.size
+    if bound > allocation_limit():
+        shape = np.broadcast_shapes(*(x.shape for x in xs))
+        check_allocation(shape, dtype, f"{k.node.op_type} output")
+
+
 def _binary(xp, name, a, b):
     if xp is np:
         y = _with_row_vector(name, a, b)
@@ -331,6 +346,8 @@ def _register_arith(name):
         b = legacy_broadcast(k, a, b)
         if a.dtype != b.dtype:
             raise TypeError(f"{k.node.describe()}: input types differ ({a.dtype} and {b.dtype})")
+        if a.shape != b.shape:
+            _check_broadcast(k, a.dtype, a, b)
         if a.dtype.kind == "V":
             return _binary(k.xp, name, a.astype(_F32), b.astype(_F32)).astype(a.dtype)
         # overflow gives inf silently: the run loop holds np.errstate(all="ignore")
@@ -529,6 +546,8 @@ def where(k, cond, x, y):
         cond = cond.astype(np.bool_)
     if x.dtype != y.dtype:
         raise TypeError(f"{k.node.describe()}: X and Y types differ ({x.dtype} and {y.dtype})")
+    if not cond.shape == x.shape == y.shape:
+        _check_broadcast(k, x.dtype, cond, x, y)
     if k.xp is np:
         return _blend_where(cond, x, y)
     return k.xp.where(cond, x, y)

@@ -18,6 +18,7 @@ import numpy as np
 
 from onnxrt.plugin.kernel import Kernel
 from onnxrt.plugin.pool_geometry import pool_geometry
+from onnxrt.run.limits import check_allocation
 
 from .. import native, parallel
 from ..registry import op
@@ -75,6 +76,9 @@ class _PoolBase(Kernel):
             raise ValueError(f"kernel_shape {list(kernel)} does not match spatial rank {nd}")
         pb, pe, extra, out_sp = pool_geometry(x.shape[2:], kernel, strides, dil, self.pads, self.auto_pad,
                                               self.ceil_mode, self.node.describe())
+        if math.prod(out_sp) > math.prod(x.shape[2:]):
+            # only padding makes a pooled map larger than its input, and a model's pads can be huge
+            check_allocation((*x.shape[:2], *out_sp), np.float64, f"{self.node.op_type} output")
         return kernel, strides, dil, pb, pe, extra, out_sp
 
 
@@ -349,6 +353,8 @@ def _native_pool(x, kernel, strides, dil, pb, out_sp, mode: int, div=None):
     onnxruntime 90 us."""
     if native.K is None or x.dtype not in _NATIVE_FLOATS or x.ndim not in (3, 4) or min(pb) < 0:
         return None
+    if 0 in x.shape:
+        return None  # an empty batch or map: the reshape below cannot infer its -1 axis
     if x.ndim == 3:
         kernel, strides, dil, pb, out_sp = (1, *kernel), (1, *strides), (1, *dil), (0, *pb), (1, *out_sp)
     x4 = np.ascontiguousarray(x).reshape(x.shape[0], x.shape[1], -1, x.shape[-1])
@@ -535,6 +541,8 @@ def max_unpool(k, x, indices, output_shape=None, *, kernel_shape=None, pads=None
     )
     # Indices address the inferred (unpadded MaxPool input) shape; an explicit
     # output_shape places that block at the origin of a larger zero output.
+    # Both come from the strides and pads attributes (and a fed output_shape): capped
+    check_allocation(inferred, x.dtype, "MaxUnpool output")
     y = np.zeros(inferred, dtype=x.dtype)
     flat = indices.reshape(-1).astype(np.int64, copy=False)
     if flat.size and (flat.min() < 0 or flat.max() >= y.size):
@@ -545,6 +553,7 @@ def max_unpool(k, x, indices, output_shape=None, *, kernel_shape=None, pads=None
         if len(shape) != x.ndim:
             raise ValueError(f"output_shape {list(shape)} must have rank {x.ndim}")
         if shape != inferred:
+            check_allocation(shape, x.dtype, "MaxUnpool output")
             out = np.zeros(shape, dtype=x.dtype)
             common = tuple(slice(0, min(a, b)) for a, b in zip(shape, inferred))
             out[common] = y[common]

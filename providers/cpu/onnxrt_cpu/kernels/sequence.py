@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from onnxrt.plugin.kernel import Kernel
+from onnxrt.run.limits import allocation_limit, check_allocation
 
 from ..registry import op
 
@@ -38,9 +39,18 @@ def _view(v):
     return v.view() if isinstance(v, np.ndarray) else v
 
 
+def _tensor(x, what: str):
+    """A sequence's element must be a tensor: a list (a sequence) or an empty optional
+    would build a sequence of sequences, which ONNX's sequence types do not allow."""
+    if not isinstance(x, np.ndarray):
+        raise TypeError(f"{what} is {type(x).__name__ if x is not None else 'an empty optional'}; "
+                        "a sequence holds tensors only")
+    return x
+
+
 @op("SequenceConstruct", since=11)
 def sequence_construct(k, *xs):
-    return [_view(x) for x in xs]
+    return [_view(_tensor(x, f"SequenceConstruct input {i}")) for i, x in enumerate(xs)]
 
 
 @op("SequenceEmpty", since=11)
@@ -58,6 +68,7 @@ def sequence_at(k, seq, position):
 @op("SequenceInsert", since=11)
 def sequence_insert(k, seq, tensor, position=None):
     out = list(_seq(seq, "SequenceInsert"))
+    _tensor(tensor, "SequenceInsert's tensor")
     if position is None:
         out.append(tensor)
     else:
@@ -134,6 +145,14 @@ class ConcatFromSequence(Kernel):
         if not 0 <= axis < r:
             raise ValueError(f"ConcatFromSequence: axis {self.axis} is out of range for rank {r}")
         xp = self.xp
+        if sum(t.nbytes for t in seq) > allocation_limit():
+            # a sequence grown in a Loop holds any number of tensors under the cap
+            shape = list(seq[0].shape)
+            if self.new_axis:
+                shape.insert(axis, len(seq))
+            else:
+                shape[axis] = sum(t.shape[axis] if t.ndim > axis else 0 for t in seq)
+            check_allocation(shape, seq[0].dtype, "ConcatFromSequence output")
         try:
             if self.new_axis:
                 return (xp.stack(seq, axis=axis),)

@@ -11,6 +11,7 @@ import numpy as np
 
 from onnxrt.dtypes import np_dtype
 from onnxrt.plugin.kernel import Kernel
+from onnxrt.run.limits import check_allocation
 
 from ..registry import op
 
@@ -58,6 +59,11 @@ def dft(x: np.ndarray, length: int | None, axis: int, inverse: bool, onesided: b
     v, is_complex = _to_complex(x, "DFT")
     if length is not None and length <= 0:
         raise ValueError(f"DFT: dft_length must be positive, got {length}")
+    if length is not None:
+        # a fed dft_length sizes the transform (numpy pads the signal to it): complex128 work
+        work = list(v.shape)
+        work[axis] = length
+        check_allocation(work, np.complex128, "DFT transform")
     if not inverse:
         if onesided:
             if is_complex:
@@ -137,6 +143,8 @@ class STFT(Kernel):
         if is_complex and self.onesided:
             raise ValueError("STFT: a one-sided transform needs a real signal")
         frames = (length - flen) // step + 1
+        # the frames overlap: a short step makes them far larger than the signal
+        check_allocation((signal.shape[0], frames, flen), np.complex128, "STFT frames")
         idx = np.arange(frames)[:, None] * step + np.arange(flen)
         f = v[:, idx]  # [batch, frames, flen]
         if window is not None:
@@ -158,6 +166,7 @@ class _Window(Kernel):
         n = _scalar_int(size, f"{self.node.op_type} size")
         if n < 0:
             raise ValueError(f"{self.node.op_type}: size must be non-negative, got {n}")
+        check_allocation([n], _F64, f"{self.node.op_type} output")  # built in float64
         denom = n if self.periodic else n - 1
         if denom <= 0:
             return (np.ones(n, dtype=self.dtype),)
@@ -211,6 +220,8 @@ class MelWeightMatrix(Kernel):
         if not 0 <= lo < hi:
             raise ValueError(f"MelWeightMatrix: need 0 <= lower_edge_hertz < upper_edge_hertz, got {lo}, {hi}")
         n_spec = n_dft // 2 + 1
+        # the filters are built as [n_spec, mels] float64 tables
+        check_allocation((n_spec, mels), _F64, "MelWeightMatrix output")
         lo_mel = 2595.0 * np.log10(1.0 + lo / 700.0)
         hi_mel = 2595.0 * np.log10(1.0 + hi / 700.0)
         # band edges evenly spaced in mel; the spacing divides by mels + 2 as onnxruntime does

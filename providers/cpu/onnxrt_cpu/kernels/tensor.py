@@ -15,7 +15,7 @@ from onnx import numpy_helper
 
 from onnxrt.dtypes import np_dtype
 from onnxrt.plugin.kernel import Kernel
-from onnxrt.run.limits import check_allocation
+from onnxrt.run.limits import allocation_limit, check_allocation
 
 from ..registry import op
 
@@ -319,6 +319,12 @@ class Concat(Kernel):
         axis = _norm_axis(self.axis, xs[0].ndim, "Concat")
         if len(xs) == 1:
             return (xs[0].view(),)
+        if sum(x.nbytes for x in xs) > allocation_limit():
+            # each input is under the cap, their join need not be (a value that
+            # doubles through a Loop): refused before numpy allocates it
+            shape = list(xs[0].shape)
+            shape[axis] = sum(x.shape[axis] if x.ndim > axis else 0 for x in xs)
+            check_allocation(shape, xs[0].dtype, "Concat output")
         try:
             return (self.xp.concatenate(xs, axis=axis),)
         except ValueError as e:
@@ -615,6 +621,7 @@ class CenterCropPad(Kernel):
                 dst[a] = slice(o, o + d)
         if out_shape == list(x.shape):
             return (x.view(),)
+        check_allocation(out_shape, x.dtype, "CenterCropPad output")  # the sizes are fed
         out = self.xp.zeros(out_shape, dtype=x.dtype)
         out[tuple(dst)] = x[tuple(src)]
         return (out,)
@@ -634,8 +641,16 @@ class Range(Kernel):
             raise ValueError("Range: delta cannot be 0")
         if dt.kind in "iu":
             s, l, d = int(s), int(l), int(d)
-            check_allocation([max(-((s - l) // d), 0)], dt, "Range output")
-            return (self.xp.arange(s, l, d, dtype=dt),)
+            # the length in Python ints: np.arange(s, l, d) computes it in float64,
+            # which miscounts bounds near 2**62 or the int64 limits
+            n = max(-((s - l) // d), 0)
+            check_allocation([n], dt, "Range output")
+            # start + i * delta wraps in int64 (silently, for arrays) only where an
+            # intermediate product passes the limits; every result lies in [start, limit)
+            steps = np.arange(n, dtype=np.int64)
+            steps *= np.int64(d)
+            steps += np.int64(s)
+            return (self.xp.asarray(steps.astype(dt, copy=False)),)
         if not all(math.isfinite(v) for v in (s, l, d)):
             raise ValueError(f"Range: start {s}, limit {l} and delta {d} must be finite")
         n = max(math.ceil((l - s) / d), 0)
