@@ -259,6 +259,9 @@ class Graph:
             for _, node in g.walk():
                 for sg in node.all_subgraphs():
                     sg.validate()
+            from .checks import check_control_flow  # a module of its own; it imports this one
+
+            check_control_flow(g)
         return g
 
     def validate(self) -> None:

@@ -18,7 +18,13 @@ from onnx import AttributeProto, FunctionProto, TypeProto
 from ..errors import InvalidGraph
 from .graph import MAX_NESTING, Graph, Node
 
-__all__ = ["schema_function", "inline_node", "expand_functions"]
+__all__ = ["schema_function", "inline_node", "expand_functions", "MAX_INLINED_NODES"]
+
+#: Inlining that would add more nodes than this to one model is refused with
+#: InvalidGraph: functions that call others several times each grow the graph
+#: exponentially with the depth of the calls (two that call each other twice double
+#: it every round), and each node costs memory and build time.
+MAX_INLINED_NODES = 1_000_000
 
 
 def schema_function(node: Node, input_types: list[TypeProto | None]) -> FunctionProto | None:
@@ -57,10 +63,25 @@ def schema_function(node: Node, input_types: list[TypeProto | None]) -> Function
     return fn
 
 
-def inline_node(graph: Graph, node: Node, fn: FunctionProto, default_opsets: dict[str, int]) -> list[Node]:
-    """Return the nodes that replace ``node`` by the body of ``fn``."""
+def inline_node(graph: Graph, node: Node, fn: FunctionProto, default_opsets: dict[str, int],
+                taken: set[str] | None = None) -> list[Node]:
+    """Return the nodes that replace ``node`` by the body of ``fn``.
+
+    :param taken: the names already used in ``graph`` and its ancestors, when the
+        caller keeps them (as :func:`expand_functions` does): the prefix of the new
+        names is chosen against it and added to it, instead of collecting every name
+        in the graph again for each call, which made inlining quadratic.
+    """
     fn_opsets = {("" if o.domain == "ai.onnx" else o.domain): o.version for o in fn.opset_import}
-    prefix = graph.unique_name(f"{node.name}") + "/"
+    if taken is None:
+        prefix = graph.unique_name(f"{node.name}") + "/"
+    else:
+        while True:
+            cand = f"{node.name}__{next(graph._name_counter)}"
+            if cand not in taken:
+                break
+        taken.add(cand)
+        prefix = cand + "/"
     rename: dict[str, str] = {}
     for formal, actual in zip(fn.input, node.inputs):
         rename[formal] = actual
@@ -172,6 +193,7 @@ def expand_functions(
     has_kernel: Callable[[Node], bool],
     input_types: Callable[[Node], list],
     depth: int = 0,
+    _budget: list[int] | None = None,
 ) -> int:
     """Inline, repeatedly, every node that no provider can run but a function defines.
 
@@ -181,13 +203,22 @@ def expand_functions(
     """
     if depth > MAX_NESTING:
         raise InvalidGraph(f"functions call each other more than {MAX_NESTING} levels deep (recursion?)")
+    if _budget is None:
+        _check_expansion(graph, local_functions, has_kernel)
+    budget = [MAX_INLINED_NODES] if _budget is None else _budget
     count = 0
+    taken: set[str] | None = None
+    # the functions each inlined node came from, outermost first: a function met again
+    # in its own chain of calls is recursion, refused at once (bounding only the rounds
+    # let two functions that call each other twice double the graph 24 times)
+    chains: dict[int, tuple] = {}
     for _ in range(MAX_NESTING + 1):
         changed = False
         new_nodes: list[Node] = []
         for node in graph.nodes:
             fn = None
-            local = local_functions.get((node.domain, node.op_type))
+            key = (node.domain, node.op_type)
+            local = local_functions.get(key)
             if local is not None and not has_kernel(node):
                 fn = local
             elif not has_kernel(node):
@@ -195,7 +226,24 @@ def expand_functions(
             if fn is None:
                 new_nodes.append(node)
                 continue
-            new_nodes.extend(inline_node(graph, node, fn, graph.opsets))
+            chain = chains.get(id(node), ())
+            if key in chain:
+                path = " -> ".join(f"{d + '.' if d else ''}{op}" for d, op in chain + (key,))
+                raise InvalidGraph(f"node {node.name!r}: functions call themselves ({path}); "
+                                   "recursion cannot be inlined")
+            if taken is None:
+                taken = _names_in_scope(graph)
+            body = inline_node(graph, node, fn, graph.opsets, taken)
+            budget[0] -= len(body)
+            if budget[0] < 0:
+                raise InvalidGraph(
+                    f"node {node.name!r}: inlining the model's functions would add more than "
+                    f"{MAX_INLINED_NODES} nodes (functions that call others many times)"
+                )
+            chain = chain + (key,)
+            for n in body:
+                chains[id(n)] = chain
+            new_nodes.extend(body)
             changed = True
             count += 1
         graph.nodes = new_nodes
@@ -205,7 +253,61 @@ def expand_functions(
         raise InvalidGraph(f"functions call each other more than {MAX_NESTING} levels deep (recursion?)")
     for node in graph.nodes:
         for sg in node.all_subgraphs():
-            count += expand_functions(sg, local_functions, has_kernel, input_types, depth + 1)
+            count += expand_functions(sg, local_functions, has_kernel, input_types, depth + 1, _budget=budget)
     if count:
         graph.topological_sort()
     return count
+
+
+def _check_expansion(graph: Graph, local_functions: dict[tuple[str, str], FunctionProto],
+                     has_kernel: Callable[[Node], bool]) -> None:
+    """Refuse, before inlining anything, local functions that call themselves and
+    calls that would expand past :data:`MAX_INLINED_NODES`.
+
+    Each function's expanded size is counted once from its body (a call to another
+    local function counts that one's size), so a model whose functions call others
+    several times is measured in time linear in its functions, not built node by
+    node until the budget runs out.
+    """
+    if not local_functions:
+        return
+    sizes: dict[tuple[str, str], int] = {}
+    active: list[tuple[str, str]] = []
+
+    def size(key: tuple[str, str]) -> int:
+        if key in sizes:
+            return sizes[key]
+        if key in active:
+            path = " -> ".join(f"{d + '.' if d else ''}{op}" for d, op in active[active.index(key):] + [key])
+            raise InvalidGraph(f"functions call themselves ({path}); recursion cannot be inlined")
+        active.append(key)
+        total = 0
+        for n in local_functions[key].node:
+            sub = ("" if n.domain == "ai.onnx" else n.domain, n.op_type)
+            total += size(sub) if sub in local_functions else 1
+            if total > MAX_INLINED_NODES:
+                break
+        active.pop()
+        sizes[key] = total
+        return total
+
+    total = 0
+    for _, node in graph.walk():
+        key = (node.domain, node.op_type)
+        if key in local_functions and not has_kernel(node):
+            total += size(key)
+            if total > MAX_INLINED_NODES:
+                raise InvalidGraph(
+                    f"node {node.name!r}: inlining the model's functions would add more than "
+                    f"{MAX_INLINED_NODES} nodes (functions that call others many times)"
+                )
+
+
+def _names_in_scope(graph: Graph) -> set[str]:
+    """Every value and node name of ``graph`` and of the graphs enclosing it."""
+    taken = graph.defined_names() | {n.name for n in graph.nodes}
+    p = graph.parent
+    while p is not None:
+        taken |= p.defined_names()
+        p = p.parent
+    return taken
