@@ -34,9 +34,9 @@ FLOAT16_MAX = 65504.0
 DEFAULT_RTOL = 1e-2
 DEFAULT_ATOL = 1e-3
 
-#: Where ``onnxrt compare``'s logic lives, newest location first (the command's
-#: modules are being regrouped; either import serves).
-_COMPARE_MODULES = ("onnxrt.cli.tools.compare", "onnxrt.tools.compare")
+#: Where ``onnxrt compare``'s logic lives: the command's package, or (in earlier
+#: layouts) the tools package; the first that provides it serves.
+_COMPARE_MODULES = ("onnxrt.cli.compare", "onnxrt.tools.compare")
 
 
 def _compare():
@@ -89,6 +89,19 @@ def _absmax(v) -> float:
     if isinstance(v, np.ndarray) and v.dtype.kind == "f" and v.size:
         return float(np.abs(v[np.isfinite(v)]).max(initial=0.0))
     return 0.0
+
+
+def _why(node: onnx.NodeProto, d, ref: Mapping, got: Mapping, rtol: float, atol: float) -> str:
+    """Why a float16 node's output differs: a value beyond float16's range, or rounding."""
+    wide = [(t, _absmax(ref.get(t))) for t in node.input if _absmax(ref.get(t)) > FLOAT16_MAX]
+    if wide:
+        return f"it reads {wide[0][0]!r}, beyond float16's range (max |x| = {wide[0][1]:.4g} > 65504)"
+    ref_max = _absmax(ref.get(d.name))
+    if ref_max > FLOAT16_MAX:
+        return f"its output exceeds float16's range (max |x| = {ref_max:.4g} > 65504)"
+    if not np.all(np.isfinite(np.asarray(_as32(got[d.name]), dtype=np.float64))):
+        return "its float16 output holds inf or NaN"
+    return f"float16 error beyond tolerance (rtol {rtol:g}, atol {atol:g})"
 
 
 def _as32(v):
@@ -158,7 +171,21 @@ def auto_mixed_precision(
                 culprit = (node, max(bad, key=lambda d: d.max_abs))
                 break
         new: list[KeptNode] = []
-        if culprit is None:
+        if culprit is not None:
+            node, d = culprit
+            if plan.get(node.name, False):
+                new.append(KeptNode(node.name, node.op_type, _why(node, d, ref, got, rtol, atol), d.max_abs, d.max_rel))
+            else:
+                # already float32: the error is its float16 inputs', which it amplifies
+                for t in node.input:
+                    prod = next((p for p in base.graph.node if t in p.output), None)
+                    if prod is not None and plan.get(prod.name, False):
+                        pd = cmp.compare_values(t, _as32(got[t]), ref[t], rtol, atol) if t in got else d
+                        new.append(KeptNode(prod.name, prod.op_type,
+                                            f"{node.name} ({node.op_type}, float32) amplifies its float16 "
+                                            f"output's error beyond tolerance", pd.max_abs, pd.max_rel))
+        new = [k for k in new if k.node not in blocked]
+        if not new:
             worst, score = None, -1.0
             for name in order:
                 if not plan.get(name, False):
@@ -170,35 +197,12 @@ def auto_mixed_precision(
                         s = d.max_abs / (atol * scale + 1e-30)
                         if s > score:
                             worst, score = (by_name[name], d), s
-            if worst is None:
-                break
-            node, d = worst
-            new.append(KeptNode(node.name, node.op_type, "the outputs drift through accumulated error; "
-                                "this node's is the largest against its tolerance", d.max_abs, d.max_rel))
-        else:
-            node, d = culprit
-            if plan.get(node.name, False):
-                ref_max = _absmax(ref.get(d.name))
-                wide = [(t, _absmax(ref.get(t))) for t in node.input if _absmax(ref.get(t)) > FLOAT16_MAX]
-                if wide:
-                    why = f"it reads {wide[0][0]!r}, beyond float16's range (max |x| = {wide[0][1]:.4g} > 65504)"
-                elif ref_max > FLOAT16_MAX:
-                    why = f"its output exceeds float16's range (max |x| = {ref_max:.4g} > 65504)"
-                elif not np.all(np.isfinite(np.asarray(_as32(got[d.name]), dtype=np.float64))):
-                    why = "its float16 output holds inf or NaN"
-                else:
-                    why = f"float16 error beyond tolerance (rtol {rtol:g}, atol {atol:g})"
-                new.append(KeptNode(node.name, node.op_type, why, d.max_abs, d.max_rel))
-            else:
-                # already float32: the error is its float16 inputs', which it amplifies
-                for t in node.input:
-                    prod = next((p for p in base.graph.node if t in p.output), None)
-                    if prod is not None and plan.get(prod.name, False):
-                        pd = cmp.compare_values(t, _as32(got[t]), ref[t], rtol, atol) if t in got else d
-                        new.append(KeptNode(prod.name, prod.op_type,
-                                            f"{node.name} ({node.op_type}, float32) amplifies its float16 "
-                                            f"output's error beyond tolerance", pd.max_abs, pd.max_rel))
-        new = [k for k in new if k.node not in blocked]
+            if worst is not None:
+                node, d = worst
+                new.append(KeptNode(node.name, node.op_type, "the outputs drift through accumulated error, or "
+                                    "fail validate_fn; this node's error is the largest against its tolerance",
+                                    d.max_abs, d.max_rel))
+        new = [k for k in new if k.node not in blocked][:limit - len(kept)]
         if not new:
             break
         for k in new:
