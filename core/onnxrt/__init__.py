@@ -29,6 +29,30 @@ from .plugin.provider import Capability, Device, ExecutionProvider
 from .predictor import Predictor
 from .session import InferenceSession, ModelMetadata
 from .run.feeds import NodeArg
+from .devices import (
+    OrtAllocatorType,
+    OrtArenaCfg,
+    OrtDevice,
+    OrtDeviceMemoryType,
+    OrtDeviceVendorId,
+    OrtMemoryInfo,
+    OrtMemoryInfoDeviceType,
+    OrtMemType,
+    create_and_register_allocator,
+    create_and_register_allocator_v2,
+)
+from .environment import (
+    disable_telemetry_events,
+    enable_telemetry_events,
+    get_build_info,
+    get_version_string,
+    set_default_logger_callback,
+    set_default_logger_severity,
+    set_default_logger_verbosity,
+    set_global_thread_pool_sizes,
+)
+from .sparse import OrtSparseFormat, SparseTensor
+from .adapters import AdapterFormat, LoraAdapter
 
 try:
     from importlib.metadata import version as _version
@@ -70,5 +94,27 @@ __all__ = [
     "NotImplemented",
     "EPFail",
     "RuntimeException",
+    "OrtDevice",
+    "OrtDeviceVendorId",
+    "OrtDeviceMemoryType",
+    "OrtMemoryInfo",
+    "OrtMemoryInfoDeviceType",
+    "OrtAllocatorType",
+    "OrtMemType",
+    "OrtArenaCfg",
+    "create_and_register_allocator",
+    "create_and_register_allocator_v2",
+    "get_build_info",
+    "get_version_string",
+    "enable_telemetry_events",
+    "disable_telemetry_events",
+    "set_default_logger_callback",
+    "set_default_logger_severity",
+    "set_default_logger_verbosity",
+    "set_global_thread_pool_sizes",
+    "SparseTensor",
+    "OrtSparseFormat",
+    "AdapterFormat",
+    "LoraAdapter",
     "__version__",
 ]

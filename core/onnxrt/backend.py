@@ -12,11 +12,13 @@ import numpy as np
 import onnx
 from onnx.backend.base import Backend, BackendRep
 
-from .options import SessionOptions
+from .errors import InvalidArgument
+from .options import RunOptions, SessionOptions
 from .plugin.discovery import get_available_providers, provider_registry
 from .session import InferenceSession
 
-__all__ = ["OnnxRtBackend", "OnnxRtBackendRep", "prepare", "run_model", "run_node", "supports_device", "is_compatible"]
+__all__ = ["OnnxRtBackend", "OnnxRtBackendRep", "prepare", "run", "run_model", "run_node", "supports_device",
+           "is_compatible", "ALLOWED_SESSION_OPTIONS", "ALLOWED_RUN_OPTIONS", "OptionNotPermitted"]
 
 
 def _providers_for(device: str) -> list[str]:
@@ -30,6 +32,38 @@ def _providers_for(device: str) -> list[str]:
     return [cls.name, "CPUExecutionProvider"]
 
 
+#: SessionOptions a backend caller may set through keyword arguments (onnxruntime's list):
+#: settings that change how a model runs, never where files are written
+ALLOWED_SESSION_OPTIONS = frozenset({
+    "enable_cpu_mem_arena", "enable_mem_pattern", "enable_mem_reuse", "execution_mode", "execution_order",
+    "graph_optimization_level", "inter_op_num_threads", "intra_op_num_threads", "log_severity_level",
+    "log_verbosity_level", "logid", "use_deterministic_compute", "use_per_session_threads",
+})
+#: RunOptions a backend caller may set through keyword arguments
+ALLOWED_RUN_OPTIONS = frozenset({"log_severity_level", "log_verbosity_level", "logid",
+                                 "only_execute_path_to_fetches"})
+
+
+class OptionNotPermitted(InvalidArgument, RuntimeError):
+    """A backend keyword names a real option that a backend caller may not set (it would
+    write files or stop runs): an ``InvalidArgument`` and, as onnxruntime raises it, a
+    ``RuntimeError``."""
+
+
+def _apply_options(target, kwargs: dict, allowed: frozenset, what: str) -> None:
+    """Set the allowed options of ``kwargs`` on ``target``; a known option outside
+    ``allowed`` is refused and an unknown keyword ignored (onnxruntime's rules)."""
+    for k, v in kwargs.items():
+        if not hasattr(target, k):
+            continue
+        if k not in allowed:
+            raise OptionNotPermitted(
+                f"{what} option {k!r} is not permitted through the backend API; "
+                f"permitted: {', '.join(sorted(allowed))}"
+            )
+        setattr(target, k, v)
+
+
 class OnnxRtBackendRep(BackendRep):
     """A prepared model."""
 
@@ -37,15 +71,21 @@ class OnnxRtBackendRep(BackendRep):
         self.session = session
 
     def run(self, inputs: Any, **kwargs) -> tuple:
-        """Run with inputs as a list (graph-input order), a dict, or a single array."""
+        """Run with inputs as a list (graph-input order), a dict of input names, or the
+        single input's value (an array, or a dict for a map input). Keyword arguments set
+        :data:`ALLOWED_RUN_OPTIONS`."""
+        run_options = RunOptions()
+        _apply_options(run_options, kwargs, ALLOWED_RUN_OPTIONS, "RunOptions")
         names = [i.name for i in self.session.get_inputs()]
-        if isinstance(inputs, dict):
+        if isinstance(inputs, dict) and inputs and all(k in names for k in inputs):
             feeds = inputs
         elif isinstance(inputs, (list, tuple)):
             feeds = dict(zip(names, inputs))
         else:
+            if len(names) != 1:
+                raise InvalidArgument(f"the model expects {len(names)} inputs; pass them as a list or a dict")
             feeds = {names[0]: inputs}
-        return tuple(self.session.run(None, feeds))
+        return tuple(self.session.run(None, feeds, run_options))
 
 
 class OnnxRtBackend(Backend):
@@ -69,17 +109,18 @@ class OnnxRtBackend(Backend):
     def prepare(cls, model, device: str = "CPU", **kwargs) -> OnnxRtBackendRep:
         """Build a session for ``model`` (a ModelProto, bytes or path)."""
         so = SessionOptions()
-        for k, v in kwargs.items():
-            if hasattr(so, k):
-                setattr(so, k, v)
+        _apply_options(so, kwargs, ALLOWED_SESSION_OPTIONS, "SessionOptions")
         if isinstance(model, onnx.ModelProto):
             model = model.SerializeToString()
         return OnnxRtBackendRep(InferenceSession(model, so, providers=_providers_for(device)))
 
     @classmethod
     def run_model(cls, model, inputs: Any, device: str = "CPU", **kwargs) -> tuple:
-        """Prepare and run in one call."""
-        return cls.prepare(model, device, **kwargs).run(inputs)
+        """Prepare and run in one call; keyword arguments set session and run options
+        (each from its allowed list)."""
+        so_kwargs = {k: v for k, v in kwargs.items() if hasattr(SessionOptions(), k)}
+        run_kwargs = {k: v for k, v in kwargs.items() if k not in so_kwargs}
+        return cls.prepare(model, device, **so_kwargs).run(inputs, **run_kwargs)
 
     @classmethod
     def run_node(cls, node: onnx.NodeProto, inputs: Any, device: str = "CPU", outputs_info=None, **kwargs) -> tuple:
@@ -97,6 +138,8 @@ class OnnxRtBackend(Backend):
 
 prepare = OnnxRtBackend.prepare
 run_model = OnnxRtBackend.run_model
+#: onnxruntime.backend's name for :meth:`OnnxRtBackend.run_model`
+run = OnnxRtBackend.run_model
 run_node = OnnxRtBackend.run_node
 supports_device = OnnxRtBackend.supports_device
 is_compatible = OnnxRtBackend.is_compatible

@@ -14,6 +14,7 @@ __all__ = [
     "ExecutionMode",
     "SessionOptions",
     "RunOptions",
+    "MissingConfigEntry",
     "default_thread_count",
     "DEFAULT_MAX_ALLOCATION_BYTES",
 ]
@@ -29,6 +30,11 @@ def default_thread_count() -> int:
         return max(1, len(os.sched_getaffinity(0)))
     except (AttributeError, OSError):  # pragma: no cover - non-Linux
         return max(1, os.cpu_count() or 1)
+
+
+class MissingConfigEntry(InvalidArgument, RuntimeError):
+    """A configuration key that was never set: an ``InvalidArgument`` and, as onnxruntime
+    raises it, a ``RuntimeError``."""
 
 
 class GraphOptimizationLevel(enum.IntEnum):
@@ -79,6 +85,11 @@ class SessionOptions:
         self._free_dims_by_name: dict[str, int] = {}
         self._free_dims_by_denotation: dict[str, int] = {}
         self._initializers: dict[str, Any] = {}
+        self._external_initializers: dict[str, Any] = {}
+        self._external_files: dict[str, bytes] = {}
+        #: onnxruntime's switch between per-session threads and the process-wide pools of
+        #: :func:`onnxrt.set_global_thread_pool_sizes`
+        self.use_per_session_threads: bool = True
 
     def __setattr__(self, name: str, value: Any) -> None:
         if name == "graph_optimization_level":
@@ -102,11 +113,42 @@ class SessionOptions:
         self._config[str(key)] = str(value)
 
     def get_session_config_entry(self, key: str) -> str:
-        """Read a configuration entry; a missing key is an error."""
+        """Read a configuration entry; a missing key is an error (a ``RuntimeError``, as in onnxruntime)."""
         try:
             return self._config[key]
         except KeyError:
-            raise InvalidArgument(f"no session config entry {key!r}") from None
+            raise MissingConfigEntry(f"SessionOptions does not have configuration with key: {key}") from None
+
+    def add_external_initializers(self, names, values) -> None:
+        """Supply initializers whose data the model keeps outside itself (an external-data
+        location that need not exist): ``names[i]`` takes ``values[i]`` (an array or OrtValue)."""
+        names, values = list(names), list(values)
+        if len(names) != len(values):
+            raise InvalidArgument(f"add_external_initializers: {len(names)} names but {len(values)} values")
+        for n, v in zip(names, values):
+            self._external_initializers[str(n)] = v
+
+    def add_external_initializers_from_files_in_memory(self, names, buffers, lengths) -> None:
+        """Supply the contents of external-data files from memory: a tensor whose
+        external-data ``location`` is ``names[i]`` reads ``buffers[i]`` (``lengths[i]`` bytes)
+        instead of a file."""
+        names, buffers, lengths = list(names), list(buffers), list(lengths)
+        if not len(names) == len(buffers) == len(lengths):
+            raise InvalidArgument("add_external_initializers_from_files_in_memory: names, buffers and lengths "
+                                  f"differ in length ({len(names)}, {len(buffers)}, {len(lengths)})")
+        for n, b, k in zip(names, buffers, lengths):
+            data = memoryview(b).cast("B")
+            if int(k) < 0 or int(k) > len(data):
+                raise InvalidArgument(f"in-memory file {n!r}: length {k} but the buffer holds {len(data)} bytes")
+            self._external_files[str(n)] = bytes(data[: int(k)])
+
+    def register_custom_ops_library(self, library_path: str) -> None:
+        """onnxrt runs no compiled custom-op libraries: custom ops come as provider plugins
+        (see docs/plugins.md), so this is an error."""
+        raise NotImplementedError(
+            f"onnxrt cannot load the custom-op library {library_path!r}: it has no C++ kernel interface; "
+            "write the ops as an onnxrt provider plugin instead"
+        )
 
     def add_free_dimension_override_by_name(self, name: str, value: int) -> None:
         """Fix a symbolic dimension (by its ``dim_param``) to ``value``."""
@@ -141,6 +183,16 @@ class RunOptions:
         self.log_verbosity_level: int = 0
         self.only_execute_path_to_fetches: bool = False
         self._config: dict[str, str] = {}
+        self._adapters: list[Any] = []
+
+    def add_active_adapter(self, adapter) -> None:
+        """Activate a :class:`~onnxrt.LoraAdapter` for runs with these options: its
+        parameters feed the model inputs of the same names (a feed given to ``run`` wins)."""
+        from .adapters import LoraAdapter
+
+        if not isinstance(adapter, LoraAdapter):
+            raise InvalidArgument(f"add_active_adapter expects a LoraAdapter, got {type(adapter).__name__}")
+        self._adapters.append(adapter)
 
     def add_run_config_entry(self, key: str, value: str) -> None:
         """Set a free-form per-run configuration entry."""
@@ -151,4 +203,4 @@ class RunOptions:
         try:
             return self._config[key]
         except KeyError:
-            raise InvalidArgument(f"no run config entry {key!r}") from None
+            raise MissingConfigEntry(f"RunOptions does not have configuration with key: {key}") from None

@@ -23,8 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from .dtypes import onnx_elem_type, type_string
-from .errors import EPFail, InvalidArgument
+from .dtypes import np_dtype, onnx_elem_type, type_string
+from .errors import EPFail, Fail, InvalidArgument
 
 __all__ = ["IOBinding", "OrtValue", "device_for", "get_device"]
 
@@ -51,7 +51,8 @@ def device_for(device_type: str, device_id: int = 0, session=None):
     """
     from .plugin.provider import HostDevice
 
-    kind = str(device_type).lower()
+    device_type, device_id = _device_kind(device_type, device_id)
+    kind = device_type
     if kind == "cpu":
         return HostDevice()
     if session is not None:
@@ -77,6 +78,15 @@ def device_for(device_type: str, device_id: int = 0, session=None):
     raise InvalidArgument(f"no installed provider has a {kind!r} device (install its onnxrt provider package)")
 
 
+def _device_kind(device_type, device_id: int = 0) -> tuple[str, int]:
+    """``(kind, index)`` from a device name (``"cuda"``) or an :class:`~onnxrt.devices.OrtDevice`."""
+    from .devices import OrtDevice
+
+    if isinstance(device_type, OrtDevice):
+        return device_type.name, device_type.device_id()
+    return str(device_type).lower(), int(device_id)
+
+
 def _same_device(a, b) -> bool:
     return a is b or (a.kind == b.kind and a.device_id == b.device_id)
 
@@ -86,7 +96,7 @@ class OrtValue:
 
     def __init__(self, value: Any, device_type: str = "cpu", device_id: int = 0, device=None):
         self._value = value
-        self._device = (device_type.lower(), device_id)
+        self._device = _device_kind(device_type, device_id)
         self._dev = device
 
     @property
@@ -98,8 +108,9 @@ class OrtValue:
 
     @classmethod
     def ortvalue_from_numpy(cls, array, device_type: str = "cpu", device_id: int = 0) -> OrtValue:
-        """A value on ``device_type``: host arrays are copied there through its provider."""
-        kind = device_type.lower()
+        """A value on ``device_type`` (a name or an ``OrtDevice``): host arrays are copied
+        there through its provider."""
+        kind, device_id = _device_kind(device_type, device_id)
         if kind == "cpu":
             return cls(np.asarray(array), "cpu", device_id)
         dev = device_for(kind, device_id)
@@ -123,16 +134,80 @@ class OrtValue:
         return cls(wrap(array), device_type, device_id, dev)
 
     @classmethod
-    def from_dlpack(cls, data, device_type: str = "cuda", device_id: int | None = None) -> OrtValue:
-        """Wrap a DLPack-capable device array (no copy); host arrays stay numpy."""
+    def from_dlpack(cls, data, device_type: str | None = None, device_id: int | None = None) -> OrtValue:
+        """Wrap a DLPack tensor with no copy: an object with ``__dlpack__`` (a numpy or CuPy
+        array, another ``OrtValue``) or a DLPack capsule. The device is read from the tensor
+        itself (``__dlpack_device__`` or the capsule's DLTensor); ``device_type`` and
+        ``device_id`` override it."""
+        if isinstance(data, OrtValue):
+            data = data._value if isinstance(data._value, np.ndarray) else data
         if isinstance(data, np.ndarray):
             return cls(data)
-        return cls.from_device_array(data, device_type, device_id)
+        if _is_capsule(data):
+            kind, dev_id = _capsule_device(data)
+            data = _CapsuleHolder(data, (_DL_CODE_BY_KIND.get(kind, 1), dev_id))
+        elif hasattr(data, "__dlpack_device__"):
+            code, dev_id = data.__dlpack_device__()
+            kind = _DL_KIND_BY_CODE.get(int(code))
+            if kind is None:
+                raise InvalidArgument(f"DLPack device type {int(code)} has no onnxrt device")
+        else:
+            raise InvalidArgument(f"from_dlpack expects a DLPack capsule or an object with __dlpack__, "
+                                  f"got {type(data).__name__}")
+        kind = (device_type or kind).lower()
+        dev_id = int(dev_id if device_id is None else device_id)
+        if kind == "cpu":
+            return cls(np.from_dlpack(data))
+        return cls.from_device_array(data, kind, dev_id)
+
+    @classmethod
+    def ortvalue_from_numpy_with_onnx_type(cls, data, onnx_element_type: int) -> OrtValue:
+        """A host value whose bytes are ``data``'s, typed as the ONNX element type
+        ``onnx_element_type`` (for types numpy lacks: bfloat16, float8, int4...)."""
+        try:
+            want = np_dtype(int(onnx_element_type))
+        except TypeError:
+            raise InvalidArgument(f"unknown ONNX element type {onnx_element_type!r}") from None
+        a = np.ascontiguousarray(data)
+        if a.dtype == want:
+            return cls(a)
+        if a.dtype.itemsize != want.itemsize:
+            raise InvalidArgument(f"a {a.dtype} array cannot hold ONNX element type {int(onnx_element_type)} "
+                                  f"({want}): the element sizes differ")
+        return cls(a.view(want))
+
+    @classmethod
+    def ort_value_from_sparse_tensor(cls, sparse_tensor) -> OrtValue:
+        """An ``OrtValue`` holding a :class:`~onnxrt.sparse.SparseTensor`."""
+        from .sparse import SparseTensor
+
+        if not isinstance(sparse_tensor, SparseTensor):
+            raise InvalidArgument(f"expected a SparseTensor, got {type(sparse_tensor).__name__}")
+        return cls(sparse_tensor)
+
+    def as_sparse_tensor(self):
+        """The :class:`~onnxrt.sparse.SparseTensor` this value holds."""
+        if not self.is_sparse_tensor():
+            raise InvalidArgument(f"this OrtValue holds {self.data_type()}, not a sparse tensor")
+        return self._value
+
+    def is_sparse_tensor(self) -> bool:
+        """Whether the value is a sparse tensor."""
+        from .sparse import SparseTensor
+
+        return isinstance(self._value, SparseTensor)
+
+    def is_tensor_sequence(self) -> bool:
+        """Whether the value is a sequence of tensors."""
+        return isinstance(self._value, list)
 
     @classmethod
     def ortvalue_from_shape_and_type(cls, shape, element_type=np.float32, device_type: str = "cpu", device_id: int = 0):
-        """A new tensor of ``shape`` (zeros on a device, uninitialized on the host)."""
-        if device_type.lower() == "cpu":
+        """A new tensor of ``shape`` (zeros on a device, uninitialized on the host);
+        ``element_type`` is a numpy dtype or an ONNX element type number."""
+        element_type = _element_dtype(element_type)
+        device_type, device_id = _device_kind(device_type, device_id)
+        if device_type == "cpu":
             return cls(np.empty(shape, dtype=element_type), "cpu", device_id)
         return cls.ortvalue_from_numpy(np.zeros(shape, dtype=element_type), device_type, device_id)
 
@@ -171,6 +246,8 @@ class OrtValue:
 
     def data_type(self) -> str:
         """onnxruntime's type string, e.g. ``tensor(float)``."""
+        if self.is_sparse_tensor():
+            return self._value.data_type()
         dt = getattr(self._value, "dtype", None)
         if dt is not None and not isinstance(self._value, (list, dict)):
             return type_string(onnx_elem_type(np.dtype(dt)))
@@ -178,13 +255,63 @@ class OrtValue:
             return "seq"
         return "unknown"
 
-    def element_type(self):
-        """The numpy dtype of a tensor."""
-        return np.dtype(self._value.dtype).type
+    def element_type(self) -> int:
+        """The tensor's ONNX element type number (``TensorProto.FLOAT`` is 1), as onnxruntime returns it."""
+        if not self.is_tensor():
+            raise InvalidArgument(f"element_type() needs a tensor; this OrtValue holds {self.data_type()}")
+        return onnx_elem_type(np.dtype(self._value.dtype))
+
+    def tensor_size_in_bytes(self) -> int:
+        """The bytes the tensor's elements take (strings: their UTF-8 bytes)."""
+        if not self.is_tensor():
+            raise InvalidArgument(f"tensor_size_in_bytes() needs a tensor; this OrtValue holds {self.data_type()}")
+        v = self._value
+        if np.dtype(v.dtype) == object:
+            return sum(len(str(e).encode()) for e in np.asarray(v).reshape(-1))
+        return int(math.prod(v.shape)) * np.dtype(v.dtype).itemsize
 
     def is_tensor(self) -> bool:
-        """Whether the value is a tensor."""
+        """Whether the value is a (dense) tensor."""
         return hasattr(self._value, "dtype") and hasattr(self._value, "shape")
+
+    def update_inplace(self, np_arr) -> None:
+        """Copy ``np_arr`` (same shape and dtype) into this tensor's memory, on its device."""
+        src = np.asarray(np_arr)
+        v = self._value
+        if not self.is_tensor() or tuple(src.shape) != tuple(v.shape) or src.dtype != np.dtype(v.dtype):
+            raise InvalidArgument(f"update_inplace: a {src.dtype}{list(src.shape)} array does not fit "
+                                  f"{self.data_type()} of shape {self.shape()}")
+        if isinstance(v, np.ndarray):
+            v[...] = src
+        else:
+            v[...] = self.device.from_host(src)
+
+    # -- numpy's array protocol and DLPack ---------------------------------------------------
+    def __array__(self, dtype=None, copy=None):
+        """A host value as a numpy array with no copy (a copy for a device value, or a dtype change)."""
+        a = self.numpy()
+        if not isinstance(a, np.ndarray):
+            raise InvalidArgument(f"this OrtValue holds {self.data_type()}, which is not an array")
+        if dtype is not None and np.dtype(dtype) != a.dtype:
+            if copy is False:
+                raise ValueError("converting the OrtValue to another dtype needs a copy")
+            return a.astype(dtype)
+        return a.copy() if copy else a
+
+    def __dlpack__(self, *args, **kwargs):
+        """The tensor as a DLPack capsule (no copy), through its array's own ``__dlpack__``."""
+        v = self._value
+        if not hasattr(v, "__dlpack__"):
+            raise InvalidArgument(f"this OrtValue holds a {type(v).__name__}, which has no DLPack export")
+        return v.__dlpack__(*args, **kwargs)
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        """``(DLPack device type, device id)``: ``(1, 0)`` for the host."""
+        v = self._value
+        if hasattr(v, "__dlpack_device__"):
+            code, dev_id = v.__dlpack_device__()
+            return int(code), int(dev_id)
+        return _DL_CODE_BY_KIND.get(self._device[0], 1), self._device[1]
 
     def has_value(self) -> bool:
         """False for an absent optional."""
@@ -192,6 +319,76 @@ class OrtValue:
 
     def __repr__(self) -> str:
         return f"OrtValue({self.data_type()}, shape={self.shape()}, device={self._device[0]})"
+
+
+# DLPack's device type codes (dlpack.h) and onnxrt's device kinds
+_DL_KIND_BY_CODE = {1: "cpu", 2: "cuda", 3: "cpu", 4: "opencl", 10: "rocm", 13: "cpu"}
+_DL_CODE_BY_KIND = {"cpu": 1, "cuda": 2, "opencl": 4, "rocm": 10}
+
+
+class _DLDevice(ctypes.Structure):
+    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
+
+
+class _DLTensorHead(ctypes.Structure):
+    # the start of DLTensor: enough to read where the data lives
+    _fields_ = [("data", ctypes.c_void_p), ("device", _DLDevice)]
+
+
+class _DLManagedTensorVersionedHead(ctypes.Structure):
+    _fields_ = [("major", ctypes.c_uint32), ("minor", ctypes.c_uint32), ("manager_ctx", ctypes.c_void_p),
+                ("deleter", ctypes.c_void_p), ("flags", ctypes.c_uint64), ("dl_tensor", _DLTensorHead)]
+
+
+_capsule_api = ctypes.pythonapi
+_capsule_api.PyCapsule_GetName.restype = ctypes.c_char_p
+_capsule_api.PyCapsule_GetName.argtypes = [ctypes.py_object]
+_capsule_api.PyCapsule_GetPointer.restype = ctypes.c_void_p
+_capsule_api.PyCapsule_GetPointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
+
+
+def _is_capsule(obj) -> bool:
+    return type(obj).__name__ == "PyCapsule"
+
+
+def _capsule_device(capsule) -> tuple[str, int]:
+    """The onnxrt device kind and index of an unconsumed DLPack capsule, read from its DLTensor."""
+    name = _capsule_api.PyCapsule_GetName(capsule)
+    if name not in (b"dltensor", b"dltensor_versioned"):
+        raise InvalidArgument(f"not an unconsumed DLPack capsule (its name is {name!r})")
+    ptr = _capsule_api.PyCapsule_GetPointer(capsule, name)
+    if name == b"dltensor":  # DLManagedTensor starts with its DLTensor
+        dev = _DLTensorHead.from_address(ptr).device
+    else:
+        dev = _DLManagedTensorVersionedHead.from_address(ptr).dl_tensor.device
+    kind = _DL_KIND_BY_CODE.get(int(dev.device_type))
+    if kind is None:
+        raise InvalidArgument(f"DLPack device type {int(dev.device_type)} has no onnxrt device")
+    return kind, int(dev.device_id)
+
+
+class _CapsuleHolder:
+    """A capsule presented through the DLPack protocol, for consumers that take objects."""
+
+    def __init__(self, capsule, device: tuple[int, int]):
+        self._capsule = capsule
+        self._device = device
+
+    def __dlpack__(self, *args, **kwargs):
+        return self._capsule
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return self._device
+
+
+def _element_dtype(element_type) -> np.dtype:
+    """A numpy dtype from a numpy type or an ONNX element type number (``TensorProto.FLOAT``...)."""
+    if isinstance(element_type, (int, np.integer)) and not isinstance(element_type, bool):
+        try:
+            return np_dtype(int(element_type))
+        except TypeError:
+            raise InvalidArgument(f"unknown ONNX element type {int(element_type)}") from None
+    return np.dtype(element_type)
 
 
 def _holds(dev, value) -> bool:
@@ -231,8 +428,13 @@ class IOBinding:
         self._inputs[name] = self._at(device_type, device_id, element_type, shape, buffer_ptr)
 
     def _at(self, device_type, device_id, element_type, shape, buffer_ptr) -> OrtValue:
-        kind = str(device_type).lower()
+        kind, device_id = _device_kind(device_type, device_id)
         shape = tuple(int(d) for d in shape)
+        element_type = _element_dtype(element_type)
+        if element_type == object or element_type.kind in "US":
+            # raw memory holds no string objects: reading it as strings would read garbage
+            raise Fail("Only binding non-string Tensors through bind_input/bind_output with a buffer pointer "
+                       "is supported; bind string tensors with bind_cpu_input or bind_ortvalue_input")
         if kind == "cpu":
             return OrtValue(_host_array_at(buffer_ptr, shape, element_type))
         dev = device_for(kind, device_id, self._session)

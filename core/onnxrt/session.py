@@ -15,7 +15,14 @@ from typing import Any, Sequence
 import numpy as np
 from onnx import ModelProto
 
+from .adapters import adapter_feeds
+from .assignment import assigned_subgraphs
 from .compile.compiler import Subgraph
+from .devices import OrtMemoryInfo
+from .environment import check_thread_pools
+from .model_config import apply_model_config, wants_model_config
+from .run.async_run import start_async
+from .sparse import densify_feeds, densify_model, to_sparse
 from .errors import InvalidArgument, InvalidGraph
 from .load.model import check_versions
 from .load.weights import load_with_weights, split_weights
@@ -67,6 +74,7 @@ class InferenceSession:
         **kwargs,
     ):
         disabled = kwargs.pop("disabled_optimizers", None)
+        read_config = kwargs.pop("read_config_from_model", None)
         if kwargs:
             unknown = ", ".join(sorted(kwargs))
             raise InvalidArgument(f"unknown InferenceSession argument(s): {unknown}")
@@ -87,8 +95,21 @@ class InferenceSession:
         self._max_bytes = session_max_bytes(self._sess_options)
         tune_heap(self._sess_options._config.get(HEAP_CONFIG_KEY, "1").strip() != "0")
         with limit_allocations(self._max_bytes):
-            proto, self._model_dir, direct = load_with_weights(path_or_bytes)
+            proto, self._model_dir, direct = load_with_weights(path_or_bytes, self._sess_options)
             self._opsets = check_versions(proto)
+            if wants_model_config(read_config):
+                self._sess_options = apply_model_config(proto, self._sess_options)
+                if self._sess_options.enable_profiling and self._profiler is None:
+                    self._profiler = Profiler(self._sess_options)
+                    t0 = self._profiler.now()
+            # sparse values compute densely; sparse inputs and outputs convert at the boundary
+            self._declared_io = {vi.name: vi.type for vi in list(proto.graph.input) + list(proto.graph.output)}
+            dense = densify_model(proto)
+            if dense[0] is not proto:
+                proto, self._sparse_inputs, self._sparse_outputs = dense
+                self._opsets = check_versions(proto)
+            else:
+                self._sparse_inputs, self._sparse_outputs = set(), set()
             # the session keeps the model's structure and its weights as arrays, never
             # the weights twice: the full proto is dropped once they are decoded
             self._proto, self._weights = split_weights(proto)
@@ -99,7 +120,7 @@ class InferenceSession:
                 if twice:
                     raise InvalidGraph(f"initializer {twice[0]!r} is defined twice")
                 self._weights = {**direct, **self._weights}
-            self._threads = ThreadSettings(self._sess_options.intra_op_num_threads)
+            self._threads = ThreadSettings(check_thread_pools(self._sess_options))
             self._lock = threading.Lock()
             # IR < 4 lists every initializer as an input; only IR >= 4 makes them overridable
             self._ir_overridable = self._proto.ir_version >= 4
@@ -119,11 +140,20 @@ class InferenceSession:
         og = self._proto.graph
         init_names = ({t.name for t in og.initializer} | {t.values.name for t in og.sparse_initializer}
                       | set(self._weights))
-        self._inputs = [NodeArg(vi.name, vi.type) for vi in og.input if vi.name not in init_names]
+        so = self._sess_options
+        overrides = bool(so._free_dims_by_name or so._free_dims_by_denotation)
+
+        def declared(vi):
+            # sparse inputs keep their declared type; free-dimension overrides show as onnxruntime shows them
+            if vi.name in self._sparse_inputs:
+                return self._declared_io[vi.name]
+            return graph.value_types.get(vi.name, vi.type) if overrides else vi.type
+
+        self._inputs = [NodeArg(vi.name, declared(vi)) for vi in og.input if vi.name not in init_names]
         self._overridable = (
             [NodeArg(vi.name, vi.type) for vi in og.input if vi.name in init_names] if self._ir_overridable else []
         )
-        self._outputs = [NodeArg(vi.name, vi.type) for vi in og.output]
+        self._outputs = [NodeArg(vi.name, self._declared_io.get(vi.name, vi.type)) for vi in og.output]
         self._output_names = [a.name for a in self._outputs]
         # the graph's input types carry the session's free-dimension overrides
         feed_types = [(a.name, graph.value_types.get(a.name, a._tp)) for a in self._inputs + self._overridable]
@@ -191,6 +221,10 @@ class InferenceSession:
     def run(self, output_names, input_feed: dict[str, Any], run_options: RunOptions | None = None) -> list:
         """Run the model; return the requested outputs (all when ``output_names`` is None)."""
         built = self._built
+        if run_options is not None and run_options._adapters:
+            input_feed = adapter_feeds(run_options._adapters, input_feed)
+        if self._sparse_inputs:
+            input_feed = densify_feeds(input_feed, self._sparse_inputs)
         feeds = self._checker.check(input_feed)
         names = self._resolve_outputs(output_names)
         ctx = None
@@ -212,12 +246,18 @@ class InferenceSession:
             if isinstance(v, np.ndarray):
                 v = caller_owned(v, protect, seen)
                 seen.add(id(array_root(v)))
+                if v.base is None:
+                    # as onnxruntime's outputs do, the array views the buffer the run made (no copy)
+                    v = v.view()
             elif isinstance(v, list):
                 v = [owned(e) for e in v]
             return v
 
         by_name = dict(zip(self._output_names, outs))
-        return [owned(by_name[n]) for n in names]
+        result = [owned(by_name[n]) for n in names]
+        if self._sparse_outputs:
+            result = [to_sparse(v) if n in self._sparse_outputs else v for n, v in zip(names, result)]
+        return result
 
     def _resolve_outputs(self, output_names) -> list[str]:
         if output_names is None or (isinstance(output_names, (list, tuple)) and len(output_names) == 0):
@@ -235,9 +275,33 @@ class InferenceSession:
         """Run with ``OrtValue`` feeds; return ``OrtValue`` outputs."""
         from .ortvalue import OrtValue
 
-        feeds = {k: (v.numpy() if isinstance(v, OrtValue) else v) for k, v in input_dict_ort_values.items()}
+        feeds = {k: (v.device_array() if isinstance(v, OrtValue) and v.is_sparse_tensor()
+                     else v.numpy() if isinstance(v, OrtValue) else v)
+                 for k, v in input_dict_ort_values.items()}
         return [OrtValue.ortvalue_from_numpy(v) if isinstance(v, np.ndarray) else OrtValue(v)
                 for v in self.run(output_names, feeds, run_options)]
+
+    def run_async(self, output_names, input_feed: dict[str, Any], callback, user_data, run_options=None) -> None:
+        """Run on another thread and call ``callback(outputs, user_data, error)`` when done
+        (``error`` is ``""`` on success); the session and the feeds stay alive until then."""
+        start_async(self, output_names, input_feed, callback, user_data, run_options)
+
+    def get_input_memory_infos(self) -> list:
+        """Where each input is expected: an :class:`~onnxrt.OrtMemoryInfo` per input (the host)."""
+        return [OrtMemoryInfo.for_device("cpu") for _ in self._inputs]
+
+    def get_output_memory_infos(self) -> list:
+        """Where each output is produced for ``run``: an :class:`~onnxrt.OrtMemoryInfo` per output."""
+        return [OrtMemoryInfo.for_device("cpu") for _ in self._outputs]
+
+    def get_input_epdevices(self) -> list:
+        """onnxruntime's EP device per input; onnxrt has no EP-device objects, so each is ``None``."""
+        return [None for _ in self._inputs]
+
+    def get_provider_graph_assignment_info(self) -> list:
+        """The providers' subgraphs (:class:`~onnxrt.assignment.OrtEpAssignedSubgraph`);
+        needs the session config entry ``session.record_ep_graph_assignment_info`` = ``"1"``."""
+        return assigned_subgraphs(self._built, self._sess_options)
 
     def io_binding(self):
         """A new :class:`IOBinding` for this session."""

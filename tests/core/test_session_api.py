@@ -58,7 +58,9 @@ def test_inputs_outputs_and_meta(mlp_model):
         ({"x": np.ones((1, 4), np.float64)}, "dtype float64; the model expects float32"),
         ({"x": np.ones((4,), np.float32)}, "rank 1"),
         ({"x": np.ones((1, 5), np.float32)}, "size 5 in dimension 1"),
-        ({"x": [[1.0, 2.0, 3.0, 4.0]]}, "must be a numpy array"),
+        # a list converts to the input's type, as in onnxruntime; a ragged one cannot
+        ({"x": [[1.0, 2.0], [3.0]]}, "the list does not convert"),
+        ({"x": "1.0"}, "must be a numpy array"),
     ],
 )
 def test_feed_errors_are_typed_and_name_the_input(mlp_model, feed, match):

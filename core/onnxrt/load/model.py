@@ -38,12 +38,18 @@ _EXTERNAL_KEYS = {"location", "offset", "length", "checksum", "basepath"}
 
 
 def load_model(model, *, base_dir: str | os.PathLike | None = None,
-               source: str | None = None) -> tuple[ModelProto, Path | None]:
+               source: str | None = None, real_dir: str | os.PathLike | None = None,
+               external_initializers: dict | None = None,
+               external_files: dict[str, bytes] | None = None) -> tuple[ModelProto, Path | None]:
     """Return ``(model_proto, model_dir)`` for a path, bytes or ``ModelProto``.
 
     External data is loaded into the tensors' ``raw_data``. ``model_dir`` is the folder
     external data is resolved against (``None`` for bytes without ``base_dir``);
-    ``source`` names bytes in error messages.
+    ``source`` names bytes in error messages. A model file reached through a symlink
+    resolves its external data beside the path as given; ``real_dir`` (for bytes read from
+    such a file) is the folder of the file the link points to. ``external_initializers``
+    (name -> value) and ``external_files`` (location -> bytes) supply external data the
+    caller holds in memory (``SessionOptions.add_external_initializers``...).
     """
     if isinstance(model, ModelProto):
         proto = model
@@ -62,7 +68,8 @@ def load_model(model, *, base_dir: str | os.PathLike | None = None,
         except OSError as e:
             raise NoSuchFile(f"cannot read model file {str(path)!r}: {e}") from e
         proto = _parse(data, str(path))
-        model_dir = path.resolve().parent
+        model_dir = Path(os.path.abspath(path)).parent
+        real_dir = path.resolve().parent
     else:
         raise InvalidArgument(
             f"model must be a path, bytes or onnx.ModelProto, not {type(model).__name__}"
@@ -70,8 +77,23 @@ def load_model(model, *, base_dir: str | os.PathLike | None = None,
     if not proto.HasField("graph"):
         raise InvalidGraph("the model has no graph")
     _check_text(proto, "model")
-    _load_external_data(proto, model_dir)
+    if external_initializers:
+        _supply_initializers(proto, external_initializers)
+    _load_external_data(proto, model_dir, Path(real_dir) if real_dir is not None else None, external_files or {})
     return proto, model_dir
+
+
+def _supply_initializers(proto: ModelProto, values: dict) -> None:
+    """Main-graph initializers named in ``values`` take those values (their external data is not read)."""
+    from onnx import numpy_helper
+
+    by_name = {t.name: t for t in proto.graph.initializer}
+    for name, value in values.items():
+        t = by_name.get(name)
+        if t is None:
+            raise InvalidArgument(f"add_external_initializers: the model has no initializer {name!r}")
+        a = value.numpy() if hasattr(value, "numpy") else np.asarray(value)
+        t.CopyFrom(numpy_helper.from_array(np.asarray(a), name))
 
 
 def _parse(data: bytes, where: str) -> ModelProto:
@@ -169,7 +191,8 @@ def _all_tensors(proto: ModelProto):
                     yield from _iter_tensors(a.g)
 
 
-def _load_external_data(proto: ModelProto, model_dir: Path | None) -> None:
+def _load_external_data(proto: ModelProto, model_dir: Path | None, real_dir: Path | None = None,
+                        files: dict[str, bytes] | None = None) -> None:
     for t in _all_tensors(proto):
         if t.data_location != TensorProto.EXTERNAL:
             continue
@@ -181,6 +204,9 @@ def _load_external_data(proto: ModelProto, model_dir: Path | None) -> None:
                     f"(known: {', '.join(sorted(_EXTERNAL_KEYS))})"
                 )
             info[kv.key] = kv.value
+        if files and info.get("location") in files:
+            _from_memory(t, info, files[info["location"]])
+            continue
         if model_dir is None:
             raise InvalidArgument(
                 f"tensor {t.name!r} uses external data, but the model was given as bytes "
@@ -189,7 +215,7 @@ def _load_external_data(proto: ModelProto, model_dir: Path | None) -> None:
         location = info.get("location")
         if not location:
             raise InvalidGraph(f"tensor {t.name!r}: external data has no location")
-        path = _safe_external_path(model_dir, location, t.name)
+        path = _safe_external_path(model_dir, location, t.name, real_dir)
         try:
             offset = int(info.get("offset", 0) or 0)
             length = int(info["length"]) if info.get("length") else None
@@ -218,7 +244,22 @@ def _load_external_data(proto: ModelProto, model_dir: Path | None) -> None:
         del t.external_data[:]
 
 
-def _safe_external_path(model_dir: Path, location: str, tensor: str) -> Path:
+def _from_memory(t: TensorProto, info: dict, data: bytes) -> None:
+    """Fill ``t`` from an in-memory external-data file, with the same offset/length checks."""
+    try:
+        offset = int(info.get("offset", 0) or 0)
+        length = int(info["length"]) if info.get("length") else len(data) - offset
+    except ValueError:
+        raise InvalidGraph(f"tensor {t.name!r}: external data offset/length is not an integer") from None
+    if offset < 0 or length < 0 or offset + length > len(data):
+        raise InvalidGraph(f"tensor {t.name!r}: external data [{offset}, {offset + length}) runs past the end "
+                           f"of the in-memory file {info['location']!r} ({len(data)} bytes)")
+    t.raw_data = data[offset:offset + length]
+    t.data_location = TensorProto.DEFAULT
+    del t.external_data[:]
+
+
+def _safe_external_path(model_dir: Path, location: str, tensor: str, real_dir: Path | None = None) -> Path:
     loc = Path(location)
     if loc.is_absolute() or location.startswith(("/", "\\")) or (len(location) > 1 and location[1] == ":"):
         raise InvalidGraph(f"tensor {tensor!r}: external data location {location!r} is absolute")
@@ -227,14 +268,16 @@ def _safe_external_path(model_dir: Path, location: str, tensor: str) -> Path:
     base = Path(model_dir)
     # walk each component so that a symlinked folder on the way is refused too
     cur = base
-    for part in loc.parts:
+    for i, part in enumerate(loc.parts):
         cur = cur / part
         try:
             st = os.lstat(cur)
         except FileNotFoundError:
             raise NoSuchFile(f"tensor {tensor!r}: external data file {location!r} does not exist") from None
         if stat.S_ISLNK(st.st_mode):
-            raise InvalidGraph(f"tensor {tensor!r}: external data path {location!r} goes through a symlink")
+            if i < len(loc.parts) - 1:
+                raise InvalidGraph(f"tensor {tensor!r}: external data path {location!r} goes through a symlink")
+            return _linked_data_file(cur, base, real_dir, location, tensor)
     st = os.lstat(cur)
     if not stat.S_ISREG(st.st_mode):
         raise InvalidGraph(f"tensor {tensor!r}: external data {location!r} is not a regular file")
@@ -244,3 +287,25 @@ def _safe_external_path(model_dir: Path, location: str, tensor: str) -> Path:
     if base.resolve() not in resolved.parents:
         raise InvalidGraph(f"tensor {tensor!r}: external data location {location!r} leaves the model folder")
     return resolved
+
+
+def _linked_data_file(link: Path, base: Path, real_dir: Path | None, location: str, tensor: str) -> Path:
+    """The target of an external-data file that is a symlink (a Hugging Face cache's
+    snapshot entry): allowed only when it resolves to a regular file with one hard link
+    inside the model's folder or inside the folder of the file the model path points to."""
+    try:
+        target = link.resolve(strict=True)
+    except (OSError, RuntimeError):
+        raise NoSuchFile(f"tensor {tensor!r}: external data file {location!r} is a symlink to nothing") from None
+    allowed = [base.resolve()] + ([real_dir.resolve()] if real_dir is not None else [])
+    if not any(d in target.parents for d in allowed):
+        raise InvalidGraph(
+            f"tensor {tensor!r}: External data path validation failed: {location!r} is a symlink to a file "
+            "outside the model's folder and outside the folder of the model file it links to"
+        )
+    st = os.stat(target)
+    if not stat.S_ISREG(st.st_mode):
+        raise InvalidGraph(f"tensor {tensor!r}: external data {location!r} is not a regular file")
+    if st.st_nlink > 1:
+        raise InvalidGraph(f"tensor {tensor!r}: external data file {location!r} has several hard links")
+    return target

@@ -27,19 +27,24 @@ __all__ = ["LARGE_WEIGHT", "load_with_weights", "split_weights"]
 LARGE_WEIGHT = 1024
 
 
-def load_with_weights(model) -> tuple[ModelProto, Path | None, dict[str, np.ndarray]]:
+def load_with_weights(model, session_options=None) -> tuple[ModelProto, Path | None, dict[str, np.ndarray]]:
     """:func:`~onnxrt.load.load_model`, with the large weights of a big model file read
     straight from the file and returned beside the model rather than inside it;
-    everything else goes the ordinary way."""
+    everything else goes the ordinary way. ``session_options`` supplies external
+    initializers and in-memory external-data files (``add_external_initializers``...)."""
+    supplied = {"external_initializers": getattr(session_options, "_external_initializers", None) or None,
+                "external_files": getattr(session_options, "_external_files", None) or None}
     if isinstance(model, (str, os.PathLike)):
         path = Path(model)
         if path.is_file():
             split = split_large_weights(path, LARGE_WEIGHT)
             if split is not None:
                 data, weights = split
-                proto, model_dir = load_model(data, base_dir=path.resolve().parent, source=str(path))
+                # external data resolves beside the path as given (a symlinked model too)
+                proto, model_dir = load_model(data, base_dir=Path(os.path.abspath(path)).parent,
+                                              source=str(path), real_dir=path.resolve().parent, **supplied)
                 return proto, model_dir, weights
-    proto, model_dir = load_model(model)
+    proto, model_dir = load_model(model, **supplied)
     return proto, model_dir, {}
 
 

@@ -26,6 +26,7 @@ __all__ = [
     "ENTRY_POINT_GROUP",
     "ProviderRegistry",
     "ProviderInfo",
+    "UnknownProvider",
     "plugin_manager",
     "provider_registry",
     "get_available_providers",
@@ -37,6 +38,11 @@ __all__ = [
 ENTRY_POINT_GROUP = "onnxrt.providers"
 ENV_VAR = "ONNXRT_PLUGINS"
 logger = logging.getLogger("onnxrt")
+
+
+class UnknownProvider(InvalidArgument, RuntimeError):
+    """A provider name that no installed plugin brings. It is an ``InvalidArgument`` and,
+    as onnxruntime raises it, a ``RuntimeError``."""
 
 
 @dataclass
@@ -247,8 +253,11 @@ def _availability(cls: type[ExecutionProvider]) -> str | None:
 
 
 def get_all_providers() -> list[str]:
-    """Names of every installed provider, usable or not, in default priority order."""
-    return provider_registry().names()
+    """Names of every installed provider, usable or not, in onnxruntime's order: the
+    device providers by default priority, then ``CPUExecutionProvider`` last (the
+    provider that runs whatever the others leave)."""
+    names = provider_registry().names()
+    return [n for n in names if n != "CPUExecutionProvider"] + [n for n in names if n == "CPUExecutionProvider"]
 
 
 def get_available_providers() -> list[str]:
@@ -318,8 +327,9 @@ def resolve_providers(requested, provider_options=None, session_options=None, al
                     broken = [b for b in reg.broken if b.entry_point.lower() in item.lower()]
                     hint = f" ({broken[0].reason})" if broken else ""
                     known = ", ".join(reg.names()) or "none"
-                    raise InvalidArgument(
-                        f"provider {item!r} is not installed{hint}; installed providers: {known}"
+                    raise UnknownProvider(
+                        f"provider {item!r} is not installed{hint}; installed providers: {known} "
+                        f"(Unknown Provider Type: {item})"
                     )
             else:
                 raise InvalidArgument(f"provider entry {item!r} must be a name or (name, options)")

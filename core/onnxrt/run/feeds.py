@@ -99,7 +99,8 @@ class FeedChecker:
         if missing:
             raise InvalidArgument(
                 f"missing input{'s' if len(missing) > 1 else ''} {', '.join(repr(m) for m in missing)}; "
-                f"the model needs: {', '.join(sorted(self.required, key=self.order.index))}"
+                f"the model needs: {', '.join(sorted(self.required, key=self.order.index))} "
+                f"(Required inputs ({missing}) are missing from input feed ({list(feeds)}))"
             )
         out = {}
         bound: dict[str, tuple[int, str]] = {}
@@ -131,17 +132,29 @@ class FeedChecker:
         # a tensor (or an input of unknown type)
         if isinstance(value, np.generic):
             value = np.asarray(value)
+        want = self._dtypes.get(name)
         if not isinstance(value, np.ndarray):
             if hasattr(value, "__array__") and not isinstance(value, (list, tuple, dict, str)):
                 value = np.asarray(value)
+            elif isinstance(value, list):
+                # a Python list converts to the input's element type, as onnxruntime converts it
+                try:
+                    value = np.asarray(value, dtype=want)
+                except (TypeError, ValueError) as e:
+                    raise InvalidArgument(
+                        f"input {name!r}: the list does not convert to {type_to_string(tp)}: {e}"
+                    ) from None
             else:
                 raise InvalidArgument(
                     f"input {name!r} must be a numpy array, got {type(value).__name__}"
                 )
-        want = self._dtypes.get(name)
         if want is not None and value.dtype != want:
             if want == object and value.dtype.kind in "US":
                 value = value.astype(object)
+            elif want == object and value.dtype.kind == "V":
+                # np.void elements hold raw bytes: onnxruntime reads each as a UTF-8 string
+                value = np.array([bytes(e).decode("utf-8") for e in value.reshape(-1)],
+                                 dtype=object).reshape(value.shape)
             else:
                 raise InvalidArgument(
                     f"input {name!r} has dtype {value.dtype}; the model expects {want} "
