@@ -52,6 +52,10 @@ def test_a_model_that_is_fine_in_float16_keeps_nothing():
     assert rep.ok and rep.kept == [] and rep.iterations == 1 and rep.converted == rep.total
     m = auto_convert_mixed_precision(model, {"x": x}, rtol=1e-2, atol=1e-3, keep_io_types=True)
     assert m.graph.input[0].type.tensor_type.elem_type == TensorProto.FLOAT
+    # float16 inputs and outputs: measured against the float32 model on the rounded inputs
+    half_io = auto_mixed_precision(model, {"x": x}, keep_io_types=False)
+    assert half_io.ok and half_io.kept == []
+    assert half_io.model.graph.input[0].type.tensor_type.elem_type == TensorProto.FLOAT16
 
 
 def test_a_tight_tolerance_keeps_nodes_until_the_outputs_agree():
