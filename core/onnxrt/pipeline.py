@@ -31,6 +31,7 @@ from .plan import Plan, array_root
 from .plan.shape_memo import CONFIG_KEY as SHAPE_MEMO_CONFIG_KEY
 from .plugin.discovery import resolve_providers
 from .plugin.provider import ExecutionProvider
+from .save import write_optimized
 
 __all__ = ["Built", "build"]
 
@@ -122,12 +123,14 @@ def build(proto: ModelProto, weights: dict[str, np.ndarray], opsets: dict[str, i
                               overridable=overridable, fused=built.fused)
     built.const_roots = {id(array_root(v)) for v in graph.initializers.values()}
     if so.optimized_model_filepath:
-        save_optimized(graph, proto, opsets, so.optimized_model_filepath)
+        save_optimized(graph, proto, opsets, so.optimized_model_filepath, so._config)
     return built
 
 
-def save_optimized(graph: Graph, proto: ModelProto, opsets: dict[str, int], path: str) -> None:
-    """Write the optimized ``graph`` as a model at ``path``."""
+def save_optimized(graph: Graph, proto: ModelProto, opsets: dict[str, int], path: str,
+                   config: dict[str, str] | None = None) -> None:
+    """Write the optimized ``graph`` as a model at ``path`` (large initializers in the
+    external file the session ``config`` names, :mod:`onnxrt.save`)."""
     model = onnx.helper.make_model(
         graph.to_proto(),
         # fusions add domains (com.microsoft) to the graph's opsets
@@ -136,4 +139,4 @@ def save_optimized(graph: Graph, proto: ModelProto, opsets: dict[str, int], path
         producer_name="onnxrt",
     )
     model.functions.extend(proto.functions)
-    onnx.save(model, path)
+    write_optimized(model, path, config or {})
