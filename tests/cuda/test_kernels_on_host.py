@@ -22,11 +22,6 @@ from ..models.test_real_models import DATA, _feeds
 HOST = "CUDAKernelsOnHostExecutionProvider"
 
 
-class _Device(HostDevice):
-    def register_constants(self, arrays):
-        pass
-
-
 class _Fused:
     def __init__(self, prog):
         self.prog = prog
@@ -47,8 +42,7 @@ class HostCUDA(CUDAExecutionProvider):
 
         self.options = parse_options(options or {})
         self.session_options = session_options
-        self.device = _Device()
-        self._kept_on_host = set()
+        self.device = HostDevice()
 
     @classmethod
     def is_available(cls):
@@ -57,9 +51,6 @@ class HostCUDA(CUDAExecutionProvider):
     @classmethod
     def build_registry(cls):
         return build_registry(np)
-
-    def create_kernel(self, node_info):
-        return self.kernel_registry().create(node_info)
 
     def compile(self, capability, graph, node_info):
         inputs, outputs = group_io(graph, capability.nodes)

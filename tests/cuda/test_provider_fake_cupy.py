@@ -60,7 +60,7 @@ def _counting(monkeypatch):
         return to_host(self, v)
 
     def fh(self, v):
-        if not self.holds(v) and id(v) not in self._const_ids:
+        if not self.holds(v):  # constants went up while the session was built
             counts["from_host"] += 1
         return from_host(self, v)
 

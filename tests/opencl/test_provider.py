@@ -242,9 +242,24 @@ def test_constants_are_uploaded_once():
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3, 4])],
         [helper.make_tensor("w", TensorProto.FLOAT, [3, 4], w.reshape(-1).tolist())],
     )
-    sess = ort.InferenceSession(model.SerializeToString(), providers=[OCL, "cpu"])
-    dev = sess._built.providers[0].device
-    x = np.ones((3, 4), np.float32)
-    for _ in range(3):
-        np.testing.assert_array_equal(sess.run(None, {"x": x})[0], x + w)
-    assert len(dev._consts) == 1
+    from onnxrt_opencl.provider import OpenCLDevice
+
+    uploads = []
+    real = OpenCLDevice._upload
+
+    def counted(self, value):
+        uploads.append(value.shape)
+        return real(self, value)
+
+    OpenCLDevice._upload = counted
+    try:
+        sess = ort.InferenceSession(model.SerializeToString(), providers=[OCL, "cpu"])
+        at_creation = list(uploads)
+        x = np.ones((3, 4), np.float32)
+        for _ in range(3):
+            np.testing.assert_array_equal(sess.run(None, {"x": x})[0], x + w)
+    finally:
+        OpenCLDevice._upload = real
+    # w goes up once, while the session is built; each run uploads only its feed x
+    assert at_creation == [(3, 4)]
+    assert uploads == [(3, 4)] * 4

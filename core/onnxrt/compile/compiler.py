@@ -41,13 +41,17 @@ class Subgraph:
 
 
 def compile_plan(graph: Graph, part: Partition, node_info: Callable, *, max_bytes: int, memoize_shapes: bool,
-                 overridable: set[str], fused: list[dict], top: bool = True) -> Plan:
+                 overridable: set[str], fused: list[dict], top: bool = True,
+                 outer_constants: dict | None = None) -> Plan:
     """The plan of ``graph``: a kernel per node or fused group, in order.
 
     :param part: the partition of ``graph`` and its subgraphs.
     :param overridable: initializer names a feed may replace (they stay inputs).
     :param fused: receives one ``{"provider", "nodes"}`` entry per compiled group.
     :param top: ``False`` for a subgraph, whose free names are outer-scope values.
+    :param outer_constants: the enclosing graphs' constant initializers: a subgraph
+        holds those it reads as constants of its own (uploaded once to a device that
+        reads them), not as values handed in on every call.
     """
     by_name = {p.name: p for p in part.providers}
     builder = PlanBuilder(HostDevice(), max_bytes, memoize_shapes=memoize_shapes)
@@ -56,11 +60,17 @@ def compile_plan(graph: Graph, part: Partition, node_info: Callable, *, max_byte
             builder.add_input(vi.name)
     for name, value in graph.initializers.items():
         builder.add_constant(name, value, overridable=name in overridable)
+    outer_constants = outer_constants or {}
     if not top:
         for name in graph.free_names():
-            if name not in builder.vals:
+            if name in builder.vals:
+                continue
+            if name in outer_constants:
+                builder.add_constant(name, outer_constants[name], overridable=False)
+            else:
                 builder.add_outer(name)
     constants = {k: v for k, v in graph.initializers.items() if k not in overridable}
+    inner_constants = {**outer_constants, **constants}
     fused_nodes: dict[int, tuple] = {}
     for p, cap in part.groups_of(graph):
         for n in cap.nodes:
@@ -69,7 +79,8 @@ def compile_plan(graph: Graph, part: Partition, node_info: Callable, *, max_byte
 
     def subgraph(sg: Graph) -> Subgraph:
         plan = compile_plan(sg, part, node_info, max_bytes=max_bytes, memoize_shapes=memoize_shapes,
-                            overridable=set(sg.input_names()), fused=fused, top=False)
+                            overridable=set(sg.input_names()), fused=fused, top=False,
+                            outer_constants=inner_constants)
         return Subgraph(plan, sg.input_names(), sg.output_names(), sg)
 
     for node in graph.nodes:

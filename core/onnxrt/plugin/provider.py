@@ -26,7 +26,8 @@ class Device:
     device_id: int = 0
     #: optional: a callable returning a context manager that the plan enters once around
     #: each run, on the thread that runs it (a GPU provider makes its device, stream and
-    #: memory pool current there, rather than once per kernel call)
+    #: memory pool current there, rather than once per kernel call); the core also enters
+    #: it while it builds this device's kernels and uploads its constants
     run_scope: Any = None
 
     @property
@@ -199,23 +200,20 @@ class ExecutionProvider:
         return HostDevice()
 
     def get_capability(self, graph, node_info) -> list[Capability]:
-        """Return the groups of nodes this provider takes among ``graph.nodes``.
+        """Return the groups of nodes this provider takes among ``graph.candidates``.
 
-        :param graph: an :class:`onnxrt.ir.Graph` whose unassigned nodes have
-            ``provider is None``.
+        :param graph: a :class:`onnxrt.partition.GraphView`: the whole graph reads
+            through it (``nodes``, ``initializers``, ``value_types``, ...), and its
+            ``candidates`` are the nodes this provider may take, in topological order.
         :param node_info: a callable ``node -> NodeInfo`` giving types and opsets.
 
-        The default takes every unassigned node it has a kernel for, one at a time.
+        The default takes every candidate it has a kernel for, one at a time. The core
+        applies the partition policy around this answer (shape computations and host
+        Constants stay on the CPU for device providers; refusals are recorded), so a
+        provider only says what it can run.
         """
         reg = self.kernel_registry()
-        caps = []
-        for node in graph.nodes:
-            if node.provider is not None:
-                continue
-            kdef, _ = reg.find(node_info(node))
-            if kdef is not None:
-                caps.append(Capability([node]))
-        return caps
+        return [Capability([node]) for node in graph.candidates if reg.find(node_info(node))[0] is not None]
 
     def refusal_reason(self, node_info: NodeInfo) -> str:
         """Why this provider does not take a node (for the assignment report)."""
@@ -223,8 +221,9 @@ class ExecutionProvider:
         return why or "not claimed"
 
     def create_kernel(self, node_info: NodeInfo) -> Kernel:
-        """Build the kernel for one node this provider took."""
-        return self.kernel_registry().create(node_info)
+        """Build the kernel for one node this provider took, on this provider's device
+        (the core enters the device's ``run_scope`` around this call)."""
+        return self.kernel_registry().create(node_info, self.device)
 
     def compile(self, capability: Capability, graph, node_info) -> Kernel:
         """Turn a fused group of nodes into one kernel (compiling providers override)."""

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
 import numpy as np
@@ -16,11 +15,8 @@ __all__ = ["CUDADevice"]
 
 
 class CUDADevice(Device):
-    """Values are ``cupy.ndarray`` on GPU ``device_id``.
-
-    Constant initializers are uploaded once: the provider registers them, and
-    :meth:`from_host` returns the cached device copy whenever the plan copies one.
-    """
+    """Values are ``cupy.ndarray`` on GPU ``device_id`` (the core uploads each constant
+    initializer once, while the session is built)."""
 
     kind = "cuda"
 
@@ -28,9 +24,6 @@ class CUDADevice(Device):
         self.device_id = device_id
         self.scope = scope
         self.cp = scope.cp
-        self._const_ids: dict[int, np.ndarray] = {}
-        self._consts: dict[int, Any] = {}
-        self._lock = threading.Lock()
 
     def run_scope(self):
         """The provider's scope (device, this thread's stream, the session's pool), which
@@ -58,15 +51,8 @@ class CUDADevice(Device):
         mem = cp.cuda.UnownedMemory(int(ptr), nbytes, None, self.device_id)
         return cp.ndarray(tuple(shape), dtype=dtype, memptr=cp.cuda.MemoryPointer(mem, 0))
 
-    def register_constants(self, arrays) -> None:
-        """Mark host arrays as constants: each is uploaded once, on first use."""
-        with self._lock:
-            for a in arrays:
-                if isinstance(a, np.ndarray):
-                    self._const_ids[id(a)] = a  # the reference keeps the id unique
-
     def from_host(self, value: Any) -> Any:
-        """Copy a host array to the GPU (constants once)."""
+        """Copy a host array to the GPU."""
         if self.holds(value):
             return value
         if not isinstance(value, (np.ndarray, np.generic)):
@@ -74,18 +60,6 @@ class CUDADevice(Device):
         value = np.asarray(value)
         if value.dtype not in CTYPES:
             raise EPFail(f"CUDAExecutionProvider cannot hold {value.dtype} arrays on the device")
-        key = id(value)
-        if key in self._const_ids:
-            hit = self._consts.get(key)
-            if hit is None:
-                with self._lock:
-                    hit = self._consts.get(key)
-                    if hit is None:
-                        hit = self._upload(value)
-                        # other threads read it on their own streams: finish the copy first
-                        self.scope.stream().synchronize()
-                        self._consts[key] = hit
-            return hit
         return self._upload(value)
 
     def _upload(self, value: np.ndarray):

@@ -1,8 +1,9 @@
 """The CUDA execution provider: partition, options, memory pool and kernel creation.
 
-It claims the nodes it has kernels for (shape computations stay on the CPU), groups
-chains of elementwise nodes into fused groups that :mod:`onnxrt_cuda.fusion` compiles
-into one generated CuPy kernel each, and leaves the rest to the CPU provider.
+It claims the nodes it has kernels for and groups chains of elementwise nodes into fused
+groups that :mod:`onnxrt_cuda.fusion` compiles into one generated CuPy kernel each; the
+core keeps shape computations on the CPU, uploads constants once and builds the kernels
+inside the device's scope (device, stream, memory pool), which each run enters too.
 """
 
 from __future__ import annotations
@@ -11,9 +12,7 @@ from typing import Any
 
 import numpy as np
 from onnxrt.errors import EPFail, InvalidArgument
-from onnxrt.plugin.kernel import KernelRegistry, NodeInfo
-from onnxrt.partition import cpu_preferred_nodes
-from onnxrt.plugin.provider import Capability, Device, ExecutionProvider, flag_option, size_option
+from onnxrt.plugin import Capability, Device, ExecutionProvider, KernelRegistry, NodeInfo, flag_option, group_io, size_option
 
 from . import runtime
 from .codegen import CTYPES, fusable
@@ -83,7 +82,6 @@ class CUDAExecutionProvider(ExecutionProvider):
         self.session_options = session_options
         self.scope = runtime.DeviceScope(self.options["device_id"], self._allocator())
         self.device: Device = self.create_device()
-        self._kept_on_host: set[str] = set()
 
     def _allocator(self):
         o = self.options
@@ -140,66 +138,22 @@ class CUDAExecutionProvider(ExecutionProvider):
 
     def refusal_reason(self, node_info: NodeInfo) -> str:
         """Why this provider does not take a node (for the assignment report)."""
-        if node_info.name in self._kept_on_host:
-            return "shape computation kept on the CPU"
         return self._claims(node_info) or "not claimed"
 
     def get_capability(self, graph, node_info) -> list[Capability]:
-        """Claim the nodes with kernels; fuse convex chains of elementwise nodes."""
+        """Claim the candidates with kernels; fuse convex chains of elementwise nodes."""
         from .fusion import group_nodes
 
-        todo = [n for n in graph.nodes if n.provider is None]
-        if not todo:
-            return []
-        preferred = cpu_preferred_nodes(graph)
-        self._kept_on_host.update(n.name for n in todo if id(n) in preferred)
-        claimed = [n for n in todo if id(n) not in preferred and self._claims(node_info(n)) is None]
+        claimed = [n for n in graph.candidates if self._claims(node_info(n)) is None]
         fuse = {id(n) for n in claimed if self.options["enable_fusion"] and self._fusable(node_info(n)) is None}
         # fusable ops without a kernel can only run compiled
         claimed = [n for n in claimed if id(n) in fuse or self.kernel_registry().find(node_info(n))[0] is not None]
-        self.device.register_constants(graph.initializers.values())
         return group_nodes(graph, claimed, fuse)
-
-    def create_kernel(self, node_info: NodeInfo):
-        """Build the kernel for one node; it runs on this thread's stream."""
-        self.device.register_constants(node_info.constants.values())
-        with self.scope:
-            inner = self.kernel_registry().create(node_info)
-        return ScopedKernel(inner, self.scope, getattr(type(inner), "host_inputs", frozenset()))
 
     def compile(self, capability: Capability, graph, node_info):
         """Compile a fused group of elementwise nodes into one generated kernel."""
-        from onnxrt.plugin.provider import group_io
-
         from .fusion import FusedKernel
 
-        self.device.register_constants(graph.initializers.values())
         inputs, outputs = group_io(graph, capability.nodes)
-        fk = FusedKernel(capability.nodes, inputs, outputs, lambda n: node_info(n).attrs,
-                         capability.fused_name or capability.nodes[0].name, self.scope.cp)
-        return ScopedKernel(fk, self.scope, frozenset())
-
-
-class ScopedKernel:
-    """Runs a kernel with the provider's device, this thread's stream and the session's pool current.
-
-    Inputs the kernel reads on the host (``host_inputs``) arrive as numpy arrays: the
-    plan reads them on the host (``PlanBuilder.add_step``), so a shape computed on the
-    CPU is never uploaded and read back (each read back waits for the stream). Host arrays a kernel returns are
-    moved to the device, so every value a CUDA node produces is a CuPy array.
-    """
-
-    def __init__(self, inner, scope, host_inputs: frozenset):
-        self.inner = inner
-        self.scope = scope
-        self.host_inputs = host_inputs
-        self.cp = scope.cp
-
-    def run(self, *inputs):
-        cp = self.cp
-        with self.scope:
-            outs = self.inner.run(*inputs)
-            return tuple(cp.asarray(o) if isinstance(o, (np.ndarray, np.generic)) else o for o in outs)
-
-    def __repr__(self) -> str:
-        return f"<ScopedKernel {self.inner!r}>"
+        return FusedKernel(capability.nodes, inputs, outputs, lambda n: node_info(n).attrs,
+                           capability.fused_name or capability.nodes[0].name, self.scope.cp)

@@ -17,7 +17,8 @@ check every kernel's arithmetic against the CPU provider without a GPU.
 
 from __future__ import annotations
 
-from onnxrt.plugin.kernel import KernelDef, KernelRegistry
+import numpy as np
+from onnxrt.plugin import KernelDef, KernelRegistry
 
 from .kernels import KERNELS
 
@@ -43,7 +44,14 @@ CPU_OPS: dict[str, tuple[int, ...]] = {
 
 
 def _bind(cls, xp, host_inputs: tuple[int, ...]):
-    return type(cls.__name__, (cls,), {"xp": xp, "host_inputs": frozenset(host_inputs),
+    """``cls`` computing with ``xp``: host arrays it returns (a shape it computed, a
+    numpy scalar) move to the device, so every value a CUDA node makes is a device array."""
+    inner = cls.run
+
+    def run(self, *inputs):
+        return tuple(xp.asarray(o) if isinstance(o, (np.ndarray, np.generic)) else o for o in inner(self, *inputs))
+
+    return type(cls.__name__, (cls,), {"xp": xp, "host_inputs": frozenset(host_inputs), "run": run,
                                        "__module__": cls.__module__, "__doc__": cls.__doc__})
 
 
@@ -55,12 +63,11 @@ def build_registry(xp) -> KernelRegistry:
     cpu_kernels.load_all()
     reg = KernelRegistry()
     own = {op for op, *_ in KERNELS}
-    for (domain, op), defs in CPU._defs.items():
-        if domain != "" or op not in CPU_OPS or op in own:
+    for d in CPU:
+        if d.domain != "" or d.op_type not in CPU_OPS or d.op_type in own:
             continue
-        for d in defs:
-            reg.register(KernelDef(d.op_type, d.domain, d.since, d.end, _bind(d.cls, xp, CPU_OPS[op]), d.types,
-                                   d.accepts))
+        reg.register(KernelDef(d.op_type, d.domain, d.since, d.end, _bind(d.cls, xp, CPU_OPS[d.op_type]), d.types,
+                               d.accepts))
     for op, since, cls, accepts in KERNELS:
         reg.register(KernelDef(op, "", since, None, _bind(cls, xp, ()), None, accepts))
     return reg

@@ -132,14 +132,14 @@ def group_nodes(graph, claimed: list, fuse: bool = True) -> list[Capability]:
 class FusedKernel(CLKernel):
     """A fused group of elementwise nodes: one generated kernel launch per run."""
 
-    def __init__(self, capability: Capability, graph, node_info, rt):
+    def __init__(self, capability: Capability, graph, node_info, device):
         self.nodes = list(capability.nodes)
         self.name = capability.fused_name or self.nodes[0].name
+        self.device = device
         inputs, outputs = group_io(graph, self.nodes)
         chain = [EwNode(n.op_type, list(n.inputs), list(n.outputs[:1]), dict(node_info(n).attrs), n.name)
                  for n in self.nodes]
-        self.program = ElementwiseProgram(chain, inputs, outputs, rt)
-        self.rt = rt
+        self.program = ElementwiseProgram(chain, inputs, outputs, device.rt)
 
     def run(self, *inputs):
         return self.program.run(*inputs)

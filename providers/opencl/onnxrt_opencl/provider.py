@@ -1,8 +1,9 @@
-"""The OpenCL execution provider: partition, device memory and kernel creation.
+"""The OpenCL execution provider: what it claims, and its device memory.
 
-It claims the nodes it has kernels for, groups chains of elementwise nodes into fused
-groups that :mod:`onnxrt_opencl.fusion` compiles into one generated kernel each, and
-leaves everything else (and the shape computations) to the CPU provider.
+It claims the nodes it has kernels for and groups chains of elementwise nodes into fused
+groups that :mod:`onnxrt_opencl.fusion` compiles into one generated kernel each; the
+core keeps shape computations and host-read Constants on the CPU and uploads constant
+initializers once.
 """
 
 from __future__ import annotations
@@ -13,9 +14,7 @@ from typing import Any
 import numpy as np
 
 from onnxrt.errors import EPFail
-from onnxrt.plugin.kernel import KernelRegistry, NodeInfo
-from onnxrt.partition import cpu_preferred_nodes
-from onnxrt.plugin.provider import Capability, Device, ExecutionProvider, flag_option, size_option
+from onnxrt.plugin import Capability, Device, ExecutionProvider, KernelRegistry, NodeInfo, flag_option, size_option
 
 __all__ = ["OpenCLExecutionProvider", "OpenCLDevice"]
 
@@ -37,31 +36,17 @@ def _selector(v: Any) -> Any:
 
 
 class OpenCLDevice(Device):
-    """Device arrays are ``pyopencl.array.Array`` on one :class:`CLRuntime`.
-
-    Constant initializers are uploaded once: the provider registers them and
-    :meth:`from_host` returns the cached device copy whenever the plan copies one.
-    """
+    """Device arrays are ``pyopencl.array.Array`` on the provider's :class:`CLRuntime`."""
 
     kind = "opencl"
 
     def __init__(self, provider: "OpenCLExecutionProvider"):
         self._provider = provider
-        self._consts: dict[int, tuple[np.ndarray, Any]] = {}
-        self._const_ids: dict[int, np.ndarray] = {}
-        self._lock = threading.Lock()
 
     @property
     def rt(self):
         """The provider's :class:`~onnxrt_opencl.runtime.CLRuntime`."""
         return self._provider.runtime
-
-    def register_constants(self, arrays) -> None:
-        """Mark host arrays as constants: each is uploaded once, on first use."""
-        with self._lock:
-            for a in arrays:
-                if isinstance(a, np.ndarray):
-                    self._const_ids[id(a)] = a  # the reference keeps the id unique
 
     def to_host(self, value: Any) -> Any:
         """Copy a device array to a host numpy array."""
@@ -70,21 +55,10 @@ class OpenCLDevice(Device):
         return self.rt.to_host(value)
 
     def from_host(self, value: Any) -> Any:
-        """Copy a host array to the device (constants only once)."""
+        """Copy a host array to the device."""
         if not isinstance(value, (np.ndarray, np.generic)):
             raise EPFail(f"OpenCLExecutionProvider cannot hold a {type(value).__name__} on the device")
-        value = np.asarray(value)
-        key = id(value)
-        if key in self._const_ids:
-            hit = self._consts.get(key)
-            if hit is None:
-                with self._lock:
-                    hit = self._consts.get(key)
-                    if hit is None:
-                        hit = (value, self._upload(value))
-                        self._consts[key] = hit
-            return hit[1]
-        return self._upload(value)
+        return self._upload(np.asarray(value))
 
     def _upload(self, value: np.ndarray) -> Any:
         if value.dtype.kind not in "biuf":
@@ -133,8 +107,6 @@ class OpenCLExecutionProvider(ExecutionProvider):
 
         o = self.options
         self.runtime = get_runtime(o["platform"], o["device"], o["memory_limit"])
-        self._kept_on_host: set[str] = set()
-        self._host_constants: set[str] = set()
 
     # -- availability ------------------------------------------------------------------
     @classmethod
@@ -178,61 +150,20 @@ class OpenCLExecutionProvider(ExecutionProvider):
 
     def refusal_reason(self, node_info: NodeInfo) -> str:
         """Why this provider does not take a node (for the assignment report)."""
-        if node_info.name in self._kept_on_host:
-            return "shape computation kept on the CPU"
-        if node_info.name in self._host_constants:
-            return "a Constant whose value is read on the CPU stays there"
         return self._claims(node_info) or "not claimed"
 
     def get_capability(self, graph, node_info) -> list[Capability]:
-        """Claim the nodes with kernels; fuse convex chains of elementwise nodes."""
+        """Claim the candidates with kernels; fuse convex chains of elementwise nodes."""
         from .fusion import group_nodes
 
-        todo = [n for n in graph.nodes if n.provider is None]
-        if not todo:
-            return []
-        preferred = cpu_preferred_nodes(graph)
-        self._kept_on_host.update(n.name for n in todo if id(n) in preferred)
-        claimed = [n for n in todo if id(n) not in preferred and self._claims(node_info(n)) is None]
-        kept = _constants_feeding_the_device(graph, claimed)
-        dropped = {id(n) for n in claimed} - {id(n) for n in kept}
-        self._host_constants.update(n.name for n in claimed if id(n) in dropped)
-        claimed = kept
-        self.device.register_constants(graph.initializers.values())
+        claimed = [n for n in graph.candidates if self._claims(node_info(n)) is None]
         return group_nodes(graph, claimed, fuse=self.options["enable_fusion"])
-
-    def create_kernel(self, node_info: NodeInfo):
-        """Build the kernel for one node and bind it to the runtime."""
-        self.device.register_constants(node_info.constants.values())
-        return self.kernel_registry().create(node_info).bind(self.runtime)
 
     def compile(self, capability: Capability, graph, node_info):
         """Compile a fused group of elementwise nodes into one generated kernel."""
         from .fusion import FusedKernel
 
-        self.device.register_constants(graph.initializers.values())
-        return FusedKernel(capability, graph, node_info, self.runtime)
-
-
-def _constants_feeding_the_device(graph, claimed: list) -> list:
-    """Drop Constant nodes whose value is read on the host: uploading it would cost a copy back."""
-    ids = {id(n) for n in claimed}
-    readers: dict[str, list] = {}
-    for n in graph.nodes:
-        for i in n.inputs:
-            readers.setdefault(i, []).append(n)
-        if n.subgraphs:
-            for i in n.implicit_inputs():
-                readers.setdefault(i, []).append(None)
-    outputs = set(graph.output_names())
-    keep = []
-    for n in claimed:
-        if n.op_type == "Constant" and n.domain == "":
-            users = readers.get(n.outputs[0], [])
-            if n.outputs[0] in outputs or not users or any(u is None or id(u) not in ids for u in users):
-                continue
-        keep.append(n)
-    return keep
+        return FusedKernel(capability, graph, node_info, self.device)
 
 
 def _check_available() -> str | None:

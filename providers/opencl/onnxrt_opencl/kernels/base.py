@@ -1,11 +1,11 @@
 """The base class of OpenCL kernels, and small helpers they share.
 
-A kernel is built like any other (``__init__(node_info)`` parses attributes in
-:meth:`~onnxrt.plugin.kernel.Kernel.setup`), then the provider calls :meth:`CLKernel.bind` with
-the :class:`~onnxrt_opencl.runtime.CLRuntime`, which runs :meth:`CLKernel.prepare`: build
-programs and upload constant inputs (``self.node.constants``) there, once. ``run``
-receives ``pyopencl.array.Array`` inputs (``None`` for absent optional ones) and returns a
-tuple of ``Array`` outputs. Kernels keep no per-run state on ``self``.
+A kernel is built like any other, with its device: ``__init__(node_info, device)``
+parses attributes in :meth:`~onnxrt.plugin.Kernel.setup`, then runs
+:meth:`CLKernel.prepare`, which builds programs and uploads constant inputs
+(``self.node.constants``) on the device's runtime, once. ``run`` receives
+``pyopencl.array.Array`` inputs (``None`` for absent optional ones) and returns a tuple
+of ``Array`` outputs. Kernels keep no per-run state on ``self``.
 """
 
 from __future__ import annotations
@@ -25,21 +25,19 @@ INDEX_TYPES = (np.int64, np.int32)
 
 
 class CLKernel(Kernel):
-    """A kernel running on an OpenCL device.
+    """A kernel running on an OpenCL device (an :class:`~onnxrt_opencl.provider.OpenCLDevice`)."""
 
-    :ivar rt: the :class:`~onnxrt_opencl.runtime.CLRuntime`, set by :meth:`bind`.
-    """
-
-    rt = None
-
-    def bind(self, rt) -> "CLKernel":
-        """Attach the runtime and call :meth:`prepare`; returns ``self``."""
-        self.rt = rt
+    def __init__(self, node, device=None):
+        super().__init__(node, device)
         self.prepare()
-        return self
+
+    @property
+    def rt(self):
+        """The device's :class:`~onnxrt_opencl.runtime.CLRuntime`."""
+        return self.device.rt
 
     def prepare(self) -> None:
-        """Build programs and upload constant inputs. Called once, after :meth:`bind`."""
+        """Build programs and upload constant inputs. Called once, after :meth:`setup`."""
 
     def constant(self, i: int):
         """Input ``i`` as a host array when it is a constant initializer, else ``None``."""
