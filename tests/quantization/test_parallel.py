@@ -55,3 +55,14 @@ def test_ray_calibration_gives_the_single_process_ranges(cnn):
     finally:
         ray.shutdown()
     assert par == serial
+
+
+def test_a_progress_bar_counts_the_batches_on_a_terminal(cnn, monkeypatch, capsys):
+    model, cal, _ = cnn
+    monkeypatch.setenv("TTY_COMPATIBLE", "1")  # rich: treat stderr as a terminal
+    monkeypatch.setenv("TTY_INTERACTIVE", "1")
+    collect_ranges(model, NumpyDataReader({"x": cal}, 8), ["c1"], CalibrationMethod.MinMax)
+    err = capsys.readouterr().err
+    assert "calibrating" in err and "8/8" in err
+    collect_ranges(model, NumpyDataReader({"x": cal}, 8), ["c1"], CalibrationMethod.MinMax, show_progress=False)
+    assert "calibrating" not in capsys.readouterr().err
