@@ -8,6 +8,8 @@ the core's, applied the same way to every provider:
 
 - shape computations (:func:`~onnxrt.partition.cpu_preferred.cpu_preferred_nodes`)
   stay on the host, as onnxruntime's ``GetCpuPreferredNodes`` keeps them;
+- nodes with subgraphs (If, Loop, Scan) stay on the host unless a device provider
+  says it runs them (``runs_control_flow``);
 - a ``Constant`` whose value is read on the host stays there: a device provider
   would upload it only for the plan to copy it back;
 - a provider whose ``get_capability`` raises takes nothing (logged), and the session
@@ -27,13 +29,14 @@ from ..errors import NotImplemented
 from ..ir.graph import Graph, Node
 from .cpu_preferred import cpu_preferred_nodes
 
-__all__ = ["GraphView", "Partition", "partition", "SHAPE_KEPT", "CONSTANT_KEPT"]
+__all__ = ["GraphView", "Partition", "partition", "SHAPE_KEPT", "CONSTANT_KEPT", "CONTROL_FLOW_KEPT"]
 
 logger = logging.getLogger("onnxrt")
 
 #: the reasons the core's policy gives for a refusal
 SHAPE_KEPT = "shape computation kept on the CPU"
 CONSTANT_KEPT = "a Constant whose value is read on the CPU stays there"
+CONTROL_FLOW_KEPT = "nodes with subgraphs run on the CPU"
 
 
 class GraphView:
@@ -116,10 +119,15 @@ def _partition_graph(graph: Graph, result: Partition, node_info: Callable, top: 
         if not free:
             break
         if device:
+            offered = []
             for n in free:
                 if id(n) in preferred:
                     _refuse(result, n, p, SHAPE_KEPT)
-            free = [n for n in free if id(n) not in preferred]
+                elif n.subgraphs and not p.runs_control_flow:
+                    _refuse(result, n, p, CONTROL_FLOW_KEPT)
+                else:
+                    offered.append(n)
+            free = offered
         view = GraphView(graph, free)
         try:
             caps = p.get_capability(view, node_info)

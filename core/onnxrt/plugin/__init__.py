@@ -37,7 +37,7 @@ from ..run.limits import check_allocation, checked_size
 from .discovery import register_plugin, unregister_plugin
 from .hookspecs import hookimpl, hookspec
 from .kernel import FunctionKernel, Kernel, KernelDef, KernelRegistry, NodeInfo, NoKernelError, decode_attribute
-from .provider import Capability, Device, ExecutionProvider, HostDevice, flag_option, group_io, size_option
+from .provider import Capability, Device, ExecutionProvider, HostDevice, flag_option, group_io, selector_option, size_option
 
 __all__ = [
     "ExecutionProvider",
@@ -47,6 +47,7 @@ __all__ = [
     "group_io",
     "flag_option",
     "size_option",
+    "selector_option",
     "Kernel",
     "FunctionKernel",
     "KernelDef",

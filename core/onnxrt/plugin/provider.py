@@ -15,7 +15,8 @@ import numpy as np
 from ..errors import InvalidArgument
 from .kernel import Kernel, KernelRegistry, NodeInfo
 
-__all__ = ["Device", "HostDevice", "ExecutionProvider", "Capability", "group_io", "flag_option", "size_option"]
+__all__ = ["Device", "HostDevice", "ExecutionProvider", "Capability", "group_io", "flag_option", "size_option",
+           "selector_option"]
 
 
 class Device:
@@ -92,6 +93,19 @@ def flag_option(v: Any) -> bool:
     return bool(v)
 
 
+def selector_option(v: Any) -> int | str:
+    """A device (or platform) selector provider option: an index (an int or its digit
+    string) or a name substring; ``ValueError`` for anything else."""
+    if isinstance(v, bool):
+        raise ValueError("expected an index or a name")
+    if isinstance(v, int):
+        return v
+    s = str(v).strip()
+    if not s:
+        raise ValueError("expected an index or a name")
+    return int(s) if s.lstrip("-").isdigit() else s
+
+
 def size_option(v: Any) -> int:
     """A byte count provider option (an int or its string), 0 meaning no limit."""
     n = int(v)
@@ -140,6 +154,9 @@ class ExecutionProvider:
     option_types: ClassVar[dict[str, Any]] = {}
     default_options: ClassVar[dict[str, Any]] = {}
     concurrent_run_supported: ClassVar[bool] = True
+    #: whether a device provider is offered nodes with subgraphs (If, Loop, Scan); the
+    #: core keeps them on the CPU otherwise (host providers are always offered them)
+    runs_control_flow: ClassVar[bool] = False
     #: filled in by the plugin registry: (distribution, version) that provided the class
     distribution: ClassVar[tuple[str, str] | None] = None
 

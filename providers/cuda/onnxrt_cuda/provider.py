@@ -117,8 +117,6 @@ class CUDAExecutionProvider(ExecutionProvider):
     # -- partition -----------------------------------------------------------------------------
     def _claims(self, ni: NodeInfo) -> str | None:
         """``None`` when this provider takes the node, else the reason it does not."""
-        if ni.implicit_inputs or any(hasattr(v, "nodes") for v in ni.attrs.values()):
-            return "nodes with subgraphs run on the CPU"
         dts = [ni.input_dtype(i) for i in range(len(ni.inputs)) if ni.inputs[i]]
         dts += [ni.output_dtype(i) for i in range(len(ni.outputs)) if ni.outputs[i]]
         for dt in dts:

@@ -14,25 +14,13 @@ from typing import Any
 import numpy as np
 
 from onnxrt.errors import EPFail
-from onnxrt.plugin import Capability, Device, ExecutionProvider, KernelRegistry, NodeInfo, flag_option, size_option
+from onnxrt.plugin import Capability, Device, ExecutionProvider, KernelRegistry, NodeInfo, flag_option, selector_option, size_option
 
 __all__ = ["OpenCLExecutionProvider", "OpenCLDevice"]
 
 #: host arrays up to this many elements (and integer arrays of any size) keep a host copy
 #: next to their device copy, so kernels needing shapes or indices on the host never read back
 SMALL_HOST_COPY = 64
-
-
-def _selector(v: Any) -> Any:
-    """A platform/device selector: an index (int or digit string) or a name substring."""
-    if isinstance(v, bool):
-        raise ValueError("expected an index or a name")
-    if isinstance(v, int):
-        return v
-    s = str(v).strip()
-    if not s:
-        raise ValueError("expected an index or a name")
-    return int(s) if s.lstrip("-").isdigit() else s
 
 
 class OpenCLDevice(Device):
@@ -97,7 +85,7 @@ class OpenCLExecutionProvider(ExecutionProvider):
     #: below the CPU provider: an OpenCL CPU device (PoCL) is no faster than numpy, so
     #: sessions use OpenCL when asked for it by name; see :func:`default_priority`
     priority = -10
-    option_types = {"platform": _selector, "device": _selector, "memory_limit": size_option,
+    option_types = {"platform": selector_option, "device": selector_option, "memory_limit": size_option,
                     "enable_fusion": flag_option}
     default_options = {"platform": None, "device": None, "memory_limit": 0, "enable_fusion": True}
 
@@ -141,8 +129,6 @@ class OpenCLExecutionProvider(ExecutionProvider):
 
     def _claims(self, ni: NodeInfo) -> str | None:
         """``None`` when this provider takes the node, else the reason it does not."""
-        if ni.implicit_inputs or any(hasattr(v, "nodes") for v in ni.attrs.values()):
-            return "nodes with subgraphs run on the CPU"
         kdef, why = self.kernel_registry().find(ni)
         if kdef is None:
             return why or "no kernel"
