@@ -53,6 +53,7 @@ from .environment import (
 )
 from .sparse import OrtSparseFormat, SparseTensor
 from .adapters import AdapterFormat, LoraAdapter
+from .model_compiler import ModelCompiler, OrtCompileApiFlags, OrtExternalInitializerInfo
 
 try:
     from importlib.metadata import version as _version
@@ -116,5 +117,8 @@ __all__ = [
     "OrtSparseFormat",
     "AdapterFormat",
     "LoraAdapter",
+    "ModelCompiler",
+    "OrtCompileApiFlags",
+    "OrtExternalInitializerInfo",
     "__version__",
 ]

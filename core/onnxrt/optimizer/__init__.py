@@ -97,9 +97,10 @@ def transformer_registry() -> TransformerRegistry:
     global _registry
     if _registry is None:
         reg = TransformerRegistry()
-        from . import basic, fusions
+        from . import basic, castlike, fusions
 
         basic.register(reg)
+        castlike.register(reg)
         fusions.register(reg)
         from ..plugin.discovery import plugin_manager
 
