@@ -44,7 +44,8 @@ def test_hookspecs_are_found():
 @pytest.mark.parametrize("name", sorted(_hooks()))
 def test_every_hook_is_documented_with_its_signature(name):
     headings = re.findall(r"^### (onnxrt_\w+.*)$", DOC.read_text(), re.M)
-    signature = f"{name}{inspect.signature(_hooks()[name])}"
+    # the hookspecs' annotations are strings (postponed evaluation); the docs write them bare
+    signature = f"{name}{inspect.signature(_hooks()[name])}".replace("'", "")
     assert signature in headings, f"docs/plugins.md needs a heading '### {signature}'; it has {headings}"
 
 
@@ -148,3 +149,19 @@ def test_rewrite_name_is_unknown_without_its_plugin():
     model, _ = _div_model()
     with pytest.raises(ort.InvalidArgument, match="unknown transforms: div_by_constant_to_mul"):
         ort.InferenceSession(model, so, providers=["CPUExecutionProvider"])
+
+
+def test_hookspecs_are_typed_with_the_registries_they_receive():
+    import typing
+
+    from onnxrt.optimizer import TransformerRegistry
+    from onnxrt.plugin.discovery import ProviderRegistry
+    from onnxrt.plugin.kernel import KernelRegistry
+
+    names = {"ProviderRegistry": ProviderRegistry, "KernelRegistry": KernelRegistry,
+             "TransformerRegistry": TransformerRegistry}
+    hints = {n: typing.get_type_hints(fn, localns=names) for n, fn in _hooks().items()}
+    assert hints["onnxrt_register_providers"] == {"registry": ProviderRegistry, "return": type(None)}
+    assert hints["onnxrt_register_kernels"] == {"provider_name": str, "registry": KernelRegistry,
+                                               "return": type(None)}
+    assert hints["onnxrt_register_transformers"] == {"registry": TransformerRegistry, "return": type(None)}

@@ -15,7 +15,14 @@ Priority is data: each provider's ``priority`` and the user's ``providers`` list
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import pluggy
+
+if TYPE_CHECKING:  # the registries import the contract, which imports nothing of these
+    from ..optimizer import TransformerRegistry
+    from .discovery import ProviderRegistry
+    from .kernel import KernelRegistry
 
 __all__ = ["hookspec", "hookimpl", "onnxrt_register_providers", "onnxrt_register_kernels",
            "onnxrt_register_transformers"]
@@ -25,7 +32,7 @@ hookimpl = pluggy.HookimplMarker("onnxrt")
 
 
 @hookspec
-def onnxrt_register_providers(registry):
+def onnxrt_register_providers(registry: ProviderRegistry) -> None:
     """Add execution provider classes.
 
     :param registry: a :class:`onnxrt.plugin.discovery.ProviderRegistry`; call
@@ -41,7 +48,7 @@ def onnxrt_register_providers(registry):
 
 
 @hookspec
-def onnxrt_register_kernels(provider_name, registry):
+def onnxrt_register_kernels(provider_name: str, registry: KernelRegistry) -> None:
     """Add kernels (custom ops, custom domains, or faster versions) to a provider.
 
     :param provider_name: the name of the provider whose registry is being built,
@@ -56,7 +63,7 @@ def onnxrt_register_kernels(provider_name, registry):
 
 
 @hookspec
-def onnxrt_register_transformers(registry):
+def onnxrt_register_transformers(registry: TransformerRegistry) -> None:
     """Add graph transforms, each with an optimization level.
 
     :param registry: a :class:`onnxrt.optimizer.TransformerRegistry`; call
