@@ -2,8 +2,10 @@
 
 Model files come from strangers, so external data is resolved here rather than by
 ``onnx.load``: every location must be a relative path that stays inside the model's
-folder, with no ``..``, no absolute path, no symlink on the way and no file with
-several hard links; offset and length are checked against the real file size and
+folder, with no ``..``, no absolute path, no symlinked folder on the way and no file
+with several hard links; the data file itself may be a symlink only into the model's
+folder or the folder of the file a symlinked model path points to (the Hugging Face
+cache layout); offset and length are checked against the real file size and
 the allocation limit. The known keys are onnx's: ``location``, ``offset``, ``length``,
 ``checksum`` and ``basepath``; ``basepath`` is accepted but never used, since locations
 always resolve against the model's own folder, and ``checksum`` is not verified.
