@@ -1,6 +1,5 @@
 """Calibration batches run on Dask or Ray workers give the ranges a single process gives."""
 
-import numpy as np
 import pytest
 
 from onnxrt.quantization import CalibrationMethod, NumpyDataReader, collect_ranges, quantize_static

@@ -21,15 +21,14 @@ Ranges:
 - ``Entropy``: the threshold ``t`` on ``|x|`` whose histogram, clipped at ``t`` and
   quantized to ``CalibNumQuantizedBins`` levels (default 128 for tensors with negative
   values, 256 for non-negative ones, which use the whole unsigned range), has the
-  least KL divergence from the observed one (the TensorRT method); the range is
-  ``[-t, t]`` met with ``[min, max]``.
+  least KL divergence from the observed one (the TensorRT method), exact zeros left
+  out (0 is exact in every range); the range is ``[-t, t]`` met with ``[min, max]``.
 """
 
 from __future__ import annotations
 
 import abc
 import math
-import sys
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
@@ -144,6 +143,7 @@ class TensorStats:
     moving_min: float | None = None
     moving_max: float | None = None
     batches: int = 0
+    zeros: int = 0
     extra: dict = field(default_factory=dict)
 
     def update(self, x: np.ndarray) -> None:
@@ -162,6 +162,7 @@ class TensorStats:
             self._widen(absmax)
             h, _ = np.histogram(finite, bins=2 * self.bins, range=(-self.limit, self.limit))
             self.counts += h
+            self.zeros += int(np.count_nonzero(finite == 0))
 
     def _add_range(self, lo: float, hi: float, moving: float | None = None) -> None:
         self.min, self.max = min(self.min, lo), max(self.max, hi)
@@ -199,6 +200,7 @@ class TensorStats:
                 self.moving_min, self.moving_max = other.moving_min, other.moving_max
             self.batches += other.batches
         if self.histogram and other.counts is not None:
+            self.zeros += other.zeros
             if self.counts is None:
                 self.limit, self.counts = other.limit, other.counts.copy()
             else:
@@ -234,7 +236,11 @@ class TensorStats:
             return max(self.min, lo), min(self.max, hi)
         if method == CalibrationMethod.Entropy:
             q = options.get("CalibNumQuantizedBins") or (256 if self.min >= 0 else 128)
-            t = _kl_threshold(self._abs_counts(), int(q)) * width
+            # exact zeros (half of a ReLU's output) are exact in any range: left in, their
+            # spike would make every threshold look alike and pick a short one
+            hist = self._abs_counts().copy()
+            hist[0] -= min(int(hist[0]), self.zeros)
+            t = _kl_threshold(hist, int(q)) * width
             return max(self.min, -t), min(self.max, t)
         raise InvalidArgument(f"calibrate_method {method} is not supported; use MinMax, Entropy or Percentile")
 
@@ -243,9 +249,10 @@ class TensorStats:
         return self.counts[self.bins:] + self.counts[:self.bins][::-1]
 
 
-def _kl_threshold(hist: np.ndarray, quantized_bins: int, candidates: int = 256) -> int:
+def _kl_threshold(hist: np.ndarray, quantized_bins: int, candidates: int = 96) -> int:
     """How many bins of ``hist`` (of ``|x|``) to keep: the count whose clipped
-    distribution, quantized to ``quantized_bins`` levels, is closest in KL divergence."""
+    distribution, quantized to ``quantized_bins`` levels, is closest in KL divergence.
+    ``candidates`` evenly spaced counts are tried (each costs a pass over the bins)."""
     last = int(np.nonzero(hist)[0].max()) + 1 if hist.any() else 1
     if last <= quantized_bins:
         return last

@@ -19,7 +19,6 @@ nodes whose float16 error exceeds the tolerance stay float32, each reported with
 
 from __future__ import annotations
 
-import argparse
 import os
 from pathlib import Path
 

@@ -137,6 +137,17 @@ class _Writer:
             self.nodes.append(helper.make_node(op, [x[0], *node.input[1:]], [q], name=name, **attrs))
 
 
+def _outer_names(node: onnx.NodeProto) -> list[str]:
+    """The names a node's subgraphs read (some from the outer graph)."""
+    names: list[str] = []
+    for a in node.attribute:
+        for g in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)):
+            for n in g.node:
+                names.extend(i for i in n.input if i)
+                names.extend(_outer_names(n))
+    return names
+
+
 def write_qoperator(plan: QuantPlan) -> onnx.ModelProto:
     """The QOperator model of ``plan`` (a new ``ModelProto``)."""
     model = plan.model
@@ -148,7 +159,7 @@ def write_qoperator(plan: QuantPlan) -> onnx.ModelProto:
             w.convert(node)
             ms = ms or w.nodes[-1].domain == MS_DOMAIN
         else:
-            for t in node.input:
+            for t in list(node.input) + _outer_names(node):
                 w.need_float(t)
             w.nodes.append(node)
             w.floats.update(o for o in node.output if o)

@@ -5,12 +5,11 @@ from __future__ import annotations
 import os
 from typing import Any, Sequence
 
-import onnx
 
 from ..errors import InvalidArgument
 from .calibrate import collect_ranges
-from .graph import check_graph, ensure_opset, load_input_model, name_nodes, op_counts, save_output_model
-from .graph import GraphIndex
+from .graph import (GraphIndex, check_graph, ensure_opset, load_input_model, name_nodes, op_counts,
+                    save_output_model)
 from .options import check_extra_options
 from .plan import calibration_tensors, fold_relus, make_plan, select_nodes
 from .report import QuantizationReport
