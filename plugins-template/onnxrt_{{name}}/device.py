@@ -13,7 +13,7 @@ accelerator replaces the three methods below; nothing else in onnxrt changes.
 from __future__ import annotations
 
 import numpy as np
-from onnxrt import Device
+from onnxrt.plugin import Device
 
 
 class {{Name}}Device(Device):

@@ -15,7 +15,7 @@ How onnxrt drives a compiling provider:
 3. Each run calls ``kernel.run(*inputs)`` with the group's external inputs (values it
    reads but does not produce) in the order they are first read, and expects back the
    values used after the group (graph outputs, or inputs of later nodes) in the order the
-   group's nodes produce them. :func:`onnxrt.plugin.provider.group_io` computes both lists.
+   group's nodes produce them. :func:`onnxrt.plugin.group_io` computes both lists.
 
 The group must be safe to run as one step: here it is a run of consecutive nodes in
 topological order, each reading a value produced earlier in the run, so everything the
@@ -28,8 +28,7 @@ shows the plumbing and stays correct.
 
 from __future__ import annotations
 
-from onnxrt import Capability, Kernel, NodeInfo
-from onnxrt.plugin.provider import group_io
+from onnxrt.plugin import Capability, Kernel, NodeInfo, group_io
 
 __all__ = ["elementwise_groups", "FusedChain"]
 
@@ -38,7 +37,8 @@ ELEMENTWISE = {("", "Add"), ("", "Mul"), ("", "Relu")}
 
 
 def elementwise_groups(graph, node_info, registry) -> list[Capability]:
-    """Capabilities for ``graph``: chains of elementwise nodes, and single nodes otherwise."""
+    """Capabilities for ``graph`` (a :class:`onnxrt.partition.GraphView`): chains of
+    elementwise nodes, and single nodes otherwise."""
     caps: list[Capability] = []
     run: list = []
     produced: set[str] = set()
@@ -52,7 +52,9 @@ def elementwise_groups(graph, node_info, registry) -> list[Capability]:
         produced.clear()
 
     for node in graph.nodes:
-        takes = node.provider is None and registry.find(node_info(node))[0] is not None
+        # the core offers this provider its candidates (nodes nobody took, and not the
+        # shape computations it keeps on the CPU); the others break a chain
+        takes = graph.is_candidate(node) and registry.find(node_info(node))[0] is not None
         if not takes:
             flush()
             continue

@@ -14,7 +14,7 @@ kernel (or calls the vendor library) on the values ``{{Name}}Device.from_host`` 
 from __future__ import annotations
 
 import numpy as np
-from onnxrt import KernelRegistry
+from onnxrt.plugin import KernelRegistry
 
 __all__ = ["build_registry", "NUMERIC"]
 

@@ -9,7 +9,7 @@ kernels to a provider that already exists (custom ops for the CPU provider, say)
 ``onnxrt_register_transformers`` adds graph rewrites with an optimization level.
 """
 
-from onnxrt import hookimpl
+from onnxrt.plugin import hookimpl
 
 from .provider import {{Name}}ExecutionProvider
 

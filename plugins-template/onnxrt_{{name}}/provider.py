@@ -7,8 +7,7 @@ compiles, which node groups it fuses and how.
 
 from __future__ import annotations
 
-from onnxrt import ExecutionProvider
-from onnxrt.plugin.provider import flag_option
+from onnxrt.plugin import ExecutionProvider, flag_option
 
 from . import fusion
 from .device import {{Name}}Device
