@@ -11,13 +11,13 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from ..ort_oracle import int8_weight_range, u8s8_pairs_saturate
+from ...ort_oracle import int8_weight_range, u8s8_pairs_saturate
 from .util import ALL, BASIC, OFF, model, ops, session, vi
 
 ort = pytest.importorskip("onnxruntime")
 quantization = pytest.importorskip("onnxruntime.quantization")
 
-DATA = Path(__file__).resolve().parent.parent / "models" / "data"
+DATA = Path(__file__).resolve().parents[2] / "models" / "data"
 I8, U8 = TensorProto.INT8, TensorProto.UINT8
 
 

@@ -10,7 +10,7 @@ import pytest
 
 from .util import ALL, BASIC, OFF, ops, session
 
-DATA = Path(__file__).parent.parent / "models" / "data"
+DATA = Path(__file__).resolve().parents[2] / "models" / "data"
 FIXED = {"batch": 1, "height": 64, "width": 64, "sequence": 8}
 
 
