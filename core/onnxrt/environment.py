@@ -1,8 +1,9 @@
 """Process-wide settings and facts, as onnxruntime's module-level functions expose them.
 
 ``get_version_string`` and ``get_build_info`` describe this installation;
-``set_global_thread_pool_sizes`` fixes the thread budget that sessions with
-``use_per_session_threads = False`` share; ``set_default_logger_severity`` and
+``set_global_thread_pool_sizes`` fixes the thread count of every session built with
+``use_per_session_threads = False`` (onnxrt's kernels split work per run, so "global"
+means one process-wide setting, not one shared set of threads); ``set_default_logger_severity`` and
 ``set_default_logger_callback`` route the ``onnxrt`` log; ``enable_telemetry_events``
 and ``disable_telemetry_events`` exist for code that calls them: onnxrt sends no
 telemetry, so both do nothing.
@@ -109,9 +110,12 @@ def set_default_logger_callback(callback: Callable[[int, str, str, str, str], No
 
 
 def set_global_thread_pool_sizes(intra_op_num_threads: int = 0, inter_op_num_threads: int = 0) -> None:
-    """Give the process one thread budget shared by sessions built with
-    ``SessionOptions.use_per_session_threads = False``; as in onnxruntime, once it is set a
-    session must use it (asking for per-session threads is an error)."""
+    """Set the intra-op thread count of every session built with
+    ``SessionOptions.use_per_session_threads = False`` (0: the cores this process may use;
+    ``inter_op_num_threads`` is recorded, since onnxrt runs nodes in order). As in
+    onnxruntime, once it is set every session must use it: building one with per-session
+    threads (the default) is an error, and so is ``use_per_session_threads = False``
+    before it is set."""
     global _global_pools
     for name, v in (("intra_op_num_threads", intra_op_num_threads), ("inter_op_num_threads", inter_op_num_threads)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 0:
