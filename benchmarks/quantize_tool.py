@@ -17,7 +17,8 @@ error of the output against float32 on 32 test inputs, calibrated on 64 others):
 3. the time each tool takes to quantize (the two alternate, median of ``--rounds``);
 4. onnxrt's latency of the int8 models against the float32 one (batch 32; the
    sessions alternate run by run, median of ``--repeat``), plus a larger encoder
-   (dim 128, sequence 64, feed-forward 512).
+   (dim 128, sequence 64, feed-forward 512), and of the QDQ model onnxruntime's tool
+   writes, run on onnxrt too.
 
 Threads are set explicitly (``--threads``, both engines and numpy's BLAS), since an
 unset count oversubscribes a small machine.
@@ -224,8 +225,8 @@ def main(argv=None) -> int:
     speed = [(n, s, c, f) for n, s, c, f, _ in work]
     speed.append(("encoder-128", big_src, _batches("x", encoder_data(32, 1, seq=64, dim=128), 8),
                   {"x": encoder_data(32, 2, seq=64, dim=128)}))
-    print("| model | float32 | int8 QDQ | int8 QOperator | int8 dynamic | float16 |")
-    print("|---|---|---|---|---|---|")
+    print("| model | float32 | int8 QDQ | int8 QOperator | int8 dynamic | float16 | int8 QDQ by onnxruntime's tool |")
+    print("|---|---|---|---|---|---|---|")
     for name, src, cal, feeds in speed:
         sess = {"float32": _onnxrt(src, args.threads)}
         for fmt in ("QDQ", "QOperator", "dynamic"):
@@ -234,10 +235,13 @@ def main(argv=None) -> int:
                 m = _quantize_ours(src, cal, fmt, "MinMax")
             sess[fmt] = _onnxrt(m, args.threads)
         sess["float16"] = _onnxrt(convert_float_to_float16(src, keep_io_types=True), args.threads)
+        # the QDQ model onnxruntime's tool writes, on onnxrt: the same layout, so about the same speed
+        sess["QDQ (onnxruntime's tool)"] = _onnxrt(_quantize_ort(src, cal, "QDQ", "MinMax", tmp), args.threads)
         lat = _latency(sess, feeds, args.repeat)
         base = lat["float32"]
         cells = [f"{lat['float32']:.3f}"] + [f"{lat[k]:.3f} ({lat[k] / base:.2f}x)"
-                                            for k in ("QDQ", "QOperator", "dynamic", "float16")]
+                                            for k in ("QDQ", "QOperator", "dynamic", "float16",
+                                                      "QDQ (onnxruntime's tool)")]
         print(f"| {name} | " + " | ".join(cells) + " |")
         results["latency"].append({"model": name, **lat})
     if args.json:

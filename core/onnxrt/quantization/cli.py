@@ -222,13 +222,16 @@ def cmd_float16(args) -> int:
         if before.get(op, 0) != after.get(op, 0):
             table.add_row(op, str(before.get(op, 0)), str(after.get(op, 0)))
     con.print(table)
-    if rep is not None:
+    if rep is not None and not rep.kept:
+        con.print(f"kept in float32: none (every node within tolerance, {rep.iterations} round)")
+    elif rep is not None:
         kept = Table(title=f"kept in float32 ({len(rep.kept)}, found in {rep.iterations} rounds)")
         for col in ("node", "op", "why", "fp16 max abs err", "fp16 max rel err"):
             kept.add_column(col)
         for k in rep.kept:
             kept.add_row(k.node, k.op_type, k.reason, f"{k.max_abs:.3g}", f"{k.max_rel:.3g}")
         con.print(kept)
+    if rep is not None:
         for d in rep.outputs:
             con.print(f"output {d.name}: max abs err {d.max_abs:.3g}, max rel err {d.max_rel:.3g} "
                       f"({'within' if d.ok else 'BEYOND'} rtol {rep.rtol:g}, atol {rep.atol:g})")

@@ -176,6 +176,7 @@ def quantize_dynamic(
         raise InvalidArgument(f"quantize_dynamic writes 8-bit weights: weight_type must be QInt8 or QUInt8, not {wt}")
     options = check_extra_options(extra_options)
     original = load_input_model(model_input)
+    size_before = original.ByteSize()  # the writers edit the model in place
     model = ensure_opset(original, 11)
     before = op_counts(model)
     candidates = select_nodes(model, op_types_to_quantize or DEFAULT_DYNAMIC_OPS, nodes_to_quantize,
@@ -202,6 +203,6 @@ def quantize_dynamic(
     if model_output is not None:
         save_output_model(model, model_output, use_external_data_format)
     return QuantizationReport(model=model, format="dynamic", before=before, after=op_counts(model),
-                              quantized=sorted(chosen), skipped=q.skipped, size_before=original.ByteSize(),
+                              quantized=sorted(chosen), skipped=q.skipped, size_before=size_before,
                               size_after=model.ByteSize(),
                               output=os.fspath(model_output) if model_output is not None else None)

@@ -76,6 +76,7 @@ def quantize_static(
                               "QInt8 or QUInt8 (use QuantFormat.QDQ for 16-bit activations)")
     options = check_extra_options(extra_options)
     original = load_input_model(model_input)
+    size_before = original.ByteSize()  # the writers edit the model in place
     wide = any(t in (QuantType.QInt16, QuantType.QUInt16) for t in (act, wt))
     model = ensure_opset(original, 21 if wide else 13)
     name_nodes(model.graph)
@@ -102,5 +103,5 @@ def quantize_static(
     return QuantizationReport(
         model=out, format=fmt.name, before=before, after=op_counts(out),
         quantized=sorted(plan.nodes), skipped=dict(plan.skipped), folded=list(folded),
-        size_before=original.ByteSize(), size_after=out.ByteSize(), ranges=ranges,
+        size_before=size_before, size_after=out.ByteSize(), ranges=ranges,
         output=os.fspath(model_output) if model_output is not None else None)
