@@ -5,6 +5,7 @@ policy; :mod:`.cpu_preferred` finds the shape computations that stay on the CPU.
 """
 
 from .cpu_preferred import SHAPE_SOURCES, cpu_preferred_nodes
-from .partitioner import GraphView, Partition, partition
+from .partitioner import CONSTANT_KEPT, CONTROL_FLOW_KEPT, SHAPE_KEPT, GraphView, Partition, partition
 
-__all__ = ["cpu_preferred_nodes", "SHAPE_SOURCES", "GraphView", "Partition", "partition"]
+__all__ = ["cpu_preferred_nodes", "SHAPE_SOURCES", "GraphView", "Partition", "partition",
+           "SHAPE_KEPT", "CONSTANT_KEPT", "CONTROL_FLOW_KEPT"]
