@@ -60,3 +60,58 @@ def test_type_constraints_refuse_other_types_with_a_reason():
 def test_unknown_op_says_so():
     kdef, why = _reg().find(_node("Frob", 14))
     assert kdef is None and "no kernel for Frob" in why
+
+
+def test_a_registry_iterates_its_definitions():
+    defs = list(_reg())
+    assert [(d.domain, d.op_type, d.since) for d in defs] == [("", "Clip", 6), ("", "Clip", 11), ("", "Relu", 14)]
+    merged = KernelRegistry()
+    merged.update(_reg())
+    assert [(d.op_type, d.since) for d in merged] == [(d.op_type, d.since) for d in defs]
+
+
+def test_a_kernel_knows_its_device_when_it_is_set_up():
+    seen = {}
+    reg = KernelRegistry()
+
+    @reg.op("Relu", since=1)
+    class Relu(Kernel):
+        def setup(self):
+            seen["device"] = self.device
+
+        def run(self, x):
+            return (np.maximum(x, 0),)
+
+    device = object()
+    k = reg.create(_node("Relu", 14), device)
+    assert seen["device"] is device and k.device is device
+    assert reg.create(_node("Relu", 14)).device is None  # built without one: the host
+
+
+def test_the_session_builds_each_kernel_with_its_providers_device(fake_provider):
+    from onnx import TensorProto, helper
+
+    import onnxrt as ort
+
+    from ..conftest import make_model
+    from ..fakes import FakeDevice, FakeDeviceProvider
+
+    built = []
+    real = FakeDeviceProvider.create_kernel
+
+    def create(self, ni):
+        k = real(self, ni)
+        built.append((ni.op_type, k.device))
+        return k
+
+    FakeDeviceProvider.create_kernel = create
+    try:
+        model = make_model([helper.make_node("Relu", ["x"], ["y"])],
+                           [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+                           [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
+        sess = ort.InferenceSession(model, providers=["fake", "cpu"])
+    finally:
+        FakeDeviceProvider.create_kernel = real
+    ((op, device),) = built
+    assert op == "Relu" and isinstance(device, FakeDevice)
+    assert device is sess._built.providers[0].device
