@@ -1,29 +1,26 @@
-"""The execution plan: ordered steps over integer value slots, and the loop that runs it.
+"""Building a plan: ordered steps over integer value slots.
 
 Built once per (sub)graph and immutable afterwards. Every value gets a slot; each
 step lists the slots it reads, the slots it writes and the slots whose values are
-dead after it (freed at once, so peak memory follows the live set). A copy step is
-inserted wherever a value crosses from one device to another. A run keeps all its
-state in a local list, so many threads may run one plan at once.
+dead after it (dropped at once, so peak memory follows the live set). A copy step is
+inserted wherever a value crosses from one device to another. The plan runs as
+generated Python (:mod:`onnxrt.plan.codegen`).
 """
 
 from __future__ import annotations
 
-import time
-from contextlib import ExitStack, nullcontext
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
 
-from ..errors import Fail, InvalidArgument, OnnxRtError, RuntimeException
-from ..run.limits import _limit
+from ..errors import InvalidArgument
+from .codegen import _DISCARD_SLOT, _NONE_SLOT, Plan
 from .shape_memo import memoized_steps
 
-__all__ = ["Step", "Plan", "PlanBuilder", "RunContext"]
-
-_NONE_SLOT = 0  # always holds None: absent optional inputs read it
-_DISCARD_SLOT = 1  # unused optional outputs are written here and dropped
+__all__ = ["Step", "PlanBuilder", "SHAPE_READERS", "reads_shape_only", "shape_stand_in", "shape_step",
+           "array_root", "caller_owned"]
 
 
 @dataclass
@@ -46,134 +43,6 @@ class Step:
     #: the node's operator domain, and whether its outputs live in host memory
     domain: str = ""
     host: bool = True
-
-
-class RunContext:
-    """Per-run settings the loop consults: termination and profiling."""
-
-    __slots__ = ("run_options", "profiler")
-
-    def __init__(self, run_options=None, profiler=None):
-        self.run_options = run_options
-        self.profiler = profiler
-
-
-class Plan:
-    """An immutable list of steps over slots, and the loop that runs it."""
-
-    def __init__(
-        self,
-        steps: list[Step],
-        n_slots: int,
-        input_slots: dict[str, int],
-        outer_slots: dict[str, int],
-        output_slots: list[int],
-        constants: dict[int, Any],
-        max_bytes: int,
-        fast_steps: list[Step] | None = None,
-        scopes: tuple = (),
-    ):
-        self.steps = tuple(steps)
-        #: the devices whose ``run_scope`` is entered around each run
-        self.scopes = tuple(scopes)
-        #: what an unchecked run executes: :attr:`steps` with shape computations
-        #: memoized (:mod:`onnxrt.shape_memo`); profiled and checked runs take every step
-        self.fast_steps = tuple(fast_steps) if fast_steps is not None else self.steps
-        self.n_slots = n_slots
-        self.input_slots = input_slots
-        self.outer_slots = outer_slots
-        self.output_slots = tuple(output_slots)
-        template: list[Any] = [None] * n_slots
-        for s, v in constants.items():
-            template[s] = v
-        self._template = template
-        self._const_slots = frozenset(constants)
-        self.max_bytes = max_bytes
-
-    def run(self, feeds: dict[str, Any], outer: dict[str, Any] | None = None, ctx: RunContext | None = None) -> list:
-        """Run with ``feeds`` (input name -> value) and return the outputs in order."""
-        vals = list(self._template)
-        for name, slot in self.input_slots.items():
-            if name in feeds:
-                vals[slot] = feeds[name]
-        if outer:
-            for name, slot in self.outer_slots.items():
-                vals[slot] = outer[name]
-        # kernels read the cap through onnxrt.run.limits.check_allocation
-        token = _limit.set(self.max_bytes) if _limit.get() != self.max_bytes else None
-        # Floating-point overflow, division by zero and invalid operations give inf
-        # and NaN as the ONNX ops define, never a warning: one numpy error state per
-        # run (it is per thread) spares every elementwise kernel its own.
-        try:
-            with np.errstate(all="ignore"), (_entered(self.scopes) if self.scopes else _NO_SCOPE):
-                if ctx is None or (ctx.run_options is None and ctx.profiler is None):
-                    self._loop(vals, ctx)
-                else:
-                    self._loop_checked(vals, ctx)
-        finally:
-            if token is not None:
-                _limit.reset(token)
-        return [vals[s] for s in self.output_slots]
-
-    def _loop(self, vals: list, ctx) -> None:
-        run_steps(self.fast_steps, vals, ctx)
-
-    def _loop_checked(self, vals: list, ctx: RunContext) -> None:
-        ro = ctx.run_options
-        prof = ctx.profiler
-        for step in self.steps:
-            if ro is not None and ro.terminate:
-                raise RuntimeException(
-                    f"the run was terminated (RunOptions.terminate) before node {step.node_name!r}"
-                )
-            t0 = time.perf_counter_ns() if prof is not None else 0
-            try:
-                if step.implicit:
-                    outs = step.fn(*[vals[i] for i in step.ins], outer={n: vals[s] for n, s in step.implicit}, ctx=ctx)
-                else:
-                    outs = step.fn(*[vals[i] for i in step.ins])
-            except BaseException as e:  # noqa: BLE001
-                raise _wrap(e, step) from e
-            for s, v in zip(step.outs, outs):
-                vals[s] = v
-            if prof is not None:
-                prof.node_event(step, t0, time.perf_counter_ns(), [vals[s] for s in step.outs])
-            for s in step.free:
-                vals[s] = None
-
-
-def run_steps(steps, vals: list, ctx=None) -> None:
-    """Run ``steps`` over the slot list ``vals``: each reads its input slots, writes its
-    output slots and clears the slots dead after it (the unchecked run loop)."""
-    for step in steps:
-        try:
-            if step.implicit:
-                outs = step.fn(*[vals[i] for i in step.ins], outer={n: vals[s] for n, s in step.implicit}, ctx=ctx)
-            else:
-                outs = step.fn(*[vals[i] for i in step.ins])
-        except BaseException as e:  # noqa: BLE001 - re-raised with the node named
-            raise _wrap(e, step) from e
-        for s, v in zip(step.outs, outs):
-            vals[s] = v
-        for s in step.free:
-            vals[s] = None
-
-
-def _wrap(e: BaseException, step: Step) -> BaseException:
-    if isinstance(e, (KeyboardInterrupt, SystemExit)):
-        return e
-    if isinstance(e, RuntimeException):
-        return e
-    what = "copying a value between devices" if step.is_copy else f"running {step.op_type} node {step.node_name!r}"
-    if isinstance(e, MemoryError):
-        return Fail(f"out of memory {what} on {step.provider}: {e}")
-    if isinstance(e, OnnxRtError) and f"node {step.node_name!r}" in str(e):
-        return e
-    msg = f"{what} on {step.provider}: {type(e).__name__}: {e}"
-    if isinstance(e, (InvalidArgument, IndexError)):
-        # out-of-range indices come from the feed: onnxruntime's INVALID_ARGUMENT
-        return InvalidArgument(msg)
-    return Fail(msg)
 
 
 @dataclass
@@ -245,6 +114,15 @@ class PlanBuilder:
             return s
         key = (name, id(device))
         s = self.copies.get(key)
+        if s is None and v.device.is_host and v.slot in self.constants and v.slot not in self.input_slots.values():
+            # a constant is uploaded once, here, and the device copy is a constant too
+            s = self._new_slot()
+            scope = getattr(device, "run_scope", None)
+            with scope() if scope is not None else nullcontext():
+                self.constants[s] = _copy_fn(device.from_host)(self.constants[v.slot])[0]
+                device.synchronize()  # other threads read it on their own streams
+            self.copies[key] = s
+            return s
         if s is None:
             s = self._new_slot()
             src, dst = v.device, device
@@ -349,27 +227,22 @@ def shape_step(src: int, dst: int, name: str, device) -> Step:
                 f"{device.kind}->cpu", output_names=(name,), host=True)
 
 
-#: what a run of a plan without device scopes enters (reusable, unlike an ExitStack)
-_NO_SCOPE = nullcontext()
-
-
-def _entered(devices) -> ExitStack:
-    """The ``run_scope()`` of each of ``devices``, entered (those already entered are
-    left again if a later one fails)."""
-    with ExitStack() as stack:
-        for dev in devices:
-            stack.enter_context(dev.run_scope())
-        return stack.pop_all()
-
-
 def _copy_fn(f):
-    def copy(x):
-        if isinstance(x, list):
-            return ([f(v) for v in x],)
-        if x is None:
-            return (None,)
-        return (f(x),)
+    """A copy step's function: ``f`` applied to a value (to each tensor of a sequence),
+    returning the one output in a tuple as kernels do; its ``value_fn`` returns the
+    value itself, which is what the generated code calls."""
 
+    def value(x):
+        if isinstance(x, list):
+            return [f(v) for v in x]
+        if x is None:
+            return None
+        return f(x)
+
+    def copy(x):
+        return (value(x),)
+
+    copy.value_fn = value
     return copy
 
 

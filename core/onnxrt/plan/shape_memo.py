@@ -27,10 +27,13 @@ memoization off.
 
 from __future__ import annotations
 
+import threading
 from dataclasses import replace
 from typing import Any
 
 import numpy as np
+
+from .codegen import compile_steps
 
 __all__ = ["CONFIG_KEY", "LEAVES", "PURE_OPS", "MAX_BYTES", "MAX_KEYS", "ShapeSegment", "memoized_steps"]
 
@@ -70,8 +73,10 @@ class ShapeSegment:
         self.keyed = keyed
         self.cache: dict[tuple, tuple] = {}
         self.enabled = True
-        # the plan's slot numbers index the local slot list a computation runs over
-        self._n_slots = 1 + max(ins + outs + tuple(s for st in self.steps for s in st.outs))
+        #: the steps compiled to one function of ``ins`` (on the first miss), by the
+        #: same generator as whole plans
+        self._run = None
+        self._lock = threading.Lock()
 
     def _key(self, args) -> tuple | None:
         parts = []
@@ -94,16 +99,22 @@ class ShapeSegment:
             hit = self.cache.get(key)
             if hit is not None:
                 return hit
-        from .builder import run_steps  # plan imports this module
-
-        local: list[Any] = [None] * self._n_slots
-        for s, v in zip(self.ins, args):
-            local[s] = v
-        run_steps(self.steps, local)
-        result = tuple(local[s] for s in self.outs)
+        run = self._run or self._compile()
+        result = run(*args)
         if key is not None:
             result = self._store(key, result)
         return result
+
+    @property
+    def code(self) -> str:
+        """The generated source of the segment's steps."""
+        return (self._run or self._compile()).__onnxrt_source__
+
+    def _compile(self):
+        with self._lock:
+            if self._run is None:
+                self._run = compile_steps(self.steps, self.ins, self.outs, {}, "shape segment")
+        return self._run
 
     def _store(self, key: tuple, result: tuple) -> tuple:
         if not all(isinstance(v, np.ndarray) for v in result) or sum(v.nbytes for v in result) > MAX_BYTES:

@@ -30,6 +30,21 @@ tuple (or list) of outputs. A value is a numpy array, a Python list (a sequence)
 ``None`` (an absent optional) or, for ``ai.onnx.ml`` ZipMap, a list of dicts. Absent
 optional inputs arrive as ``None``.
 
+A kernel that can tell, from what it knows of its node (static types and shapes,
+constant inputs), that a run would come down to one call may say so with a
+:class:`DirectCall` (``Kernel.direct_call``; ``@registry.op(..., direct=...)`` for a function
+kernel): the plan's generated code then makes that call in place of ``run``::
+
+    def _neg_direct(k):
+        # float32 known statically: np.negative is all Neg does
+        if k.xp is np and k.node.input_dtype(0) == np.float32:
+            return DirectCall(np.negative, kwargs={"out": ...})  # out=...: 0-d stays an array
+        return None
+
+    @registry.op("Neg", since=13, direct=_neg_direct)
+    def neg(k, x):
+        ...
+
 A kernel's version range is ``[since, end]`` in the node's *domain opset* (the model's
 ``opset_import`` for that domain). When ``end`` is not given it runs up to the next
 registration of the same op, as onnxruntime's versioned kernels do.
@@ -39,7 +54,7 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Mapping
 
 import numpy as np
 import onnx
@@ -51,6 +66,7 @@ __all__ = [
     "NodeInfo",
     "Kernel",
     "FunctionKernel",
+    "DirectCall",
     "KernelDef",
     "KernelRegistry",
     "NoKernelError",
@@ -100,6 +116,18 @@ class NodeInfo:
         """The numpy dtype of tensor output ``i`` when it is known statically."""
         return _tensor_dtype(self.output_types, i)
 
+    def input_shape(self, i: int) -> tuple[int | str | None, ...] | None:
+        """The static shape of tensor input ``i``: an int for a known dimension, the
+        name of a symbolic one (equal names are equal sizes), None for an unknown one;
+        None when even the rank is unknown."""
+        if i >= len(self.input_types) or self.input_types[i] is None:
+            return None
+        tp = self.input_types[i]
+        if not tp.HasField("tensor_type") or not tp.tensor_type.HasField("shape"):
+            return None
+        return tuple(int(d.dim_value) if d.HasField("dim_value") else (d.dim_param or None)
+                     for d in tp.tensor_type.shape.dim)
+
     def describe(self) -> str:
         """``Conv 'conv1' (ai.onnx opset 13)``: how errors name a node."""
         dom = self.domain or "ai.onnx"
@@ -141,8 +169,38 @@ class Kernel:
         """Compute the outputs. Must return a tuple or list with one entry per output."""
         raise NotImplementedError
 
+    def direct_call(self) -> DirectCall | None:
+        """A call equivalent to :meth:`run` for this node, or None (the default).
+
+        Asked once, when the plan's code is generated (on its first run), for nodes
+        with one output. A kernel returns a :class:`DirectCall` only where what it knows of
+        its node (``self.node``: static input types and shapes, constants) makes
+        ``run`` nothing but that call, for any input the node can receive."""
+        return None
+
     def __repr__(self) -> str:
         return f"<{type(self).__name__} for {self.node.describe()}>"
+
+
+@dataclass(frozen=True)
+class DirectCall:
+    """A kernel's one call for a node: ``fn(*inputs, *args, **kwargs)`` returns the value
+    of the node's (only) output, as ``run(*inputs)[0]`` would.
+
+    :ivar fn: typically a numpy ufunc or array method, called with no Python frame
+        of the kernel's between the plan and it.
+    :ivar args: values passed after the inputs (a prepared constant, a target shape).
+    :ivar kwargs: keyword arguments (``{"out": ...}`` makes a ufunc return a 0-d
+        array, not a numpy scalar, for 0-d inputs).
+    :ivar inputs: the positions of the node's inputs to pass (all of them if None).
+
+    The value must be what ``run`` would give: an array, never a numpy scalar.
+    """
+
+    fn: Callable
+    args: tuple = ()
+    kwargs: Mapping[str, Any] = field(default_factory=dict)
+    inputs: tuple[int, ...] | None = None
 
 
 def _as_value(v):
@@ -152,10 +210,16 @@ def _as_value(v):
 
 
 class FunctionKernel(Kernel):
-    """Adapts a plain function ``fn(k, *inputs, **attributes)`` to the kernel protocol."""
+    """Adapts a plain function ``fn(k, *inputs, **attributes)`` to the kernel protocol.
+
+    The plan's generated code calls ``fn`` itself (``fn(k, x, alpha=...)``) and passes
+    its result through :meth:`first_output` (or :meth:`outputs`) only where it is not
+    already an array; :meth:`run` is the same call for other callers."""
 
     fn: Callable = None  # type: ignore[assignment]
     attr_names: frozenset | None = None  # None: the function takes **kwargs
+    #: ``direct_fn(kernel) -> DirectCall | None`` (``@registry.op(..., direct=...)``)
+    direct_fn: Callable | None = None
 
     def setup(self) -> None:
         if self.attr_names is None:
@@ -170,8 +234,30 @@ class FunctionKernel(Kernel):
             return tuple([v if type(v) is np.ndarray else _as_value(v) for v in r])
         return (r if type(r) is np.ndarray else _as_value(r),)
 
+    def direct_call(self) -> DirectCall | None:
+        """What the registration's ``direct`` function returns for this node (None without one)."""
+        d = type(self).direct_fn
+        return None if d is None else d(self)
 
-def _function_kernel_class(fn: Callable) -> type[Kernel]:
+    @staticmethod
+    def first_output(r):
+        """The first output of a function's result ``r`` (one value, or a tuple of
+        values), a numpy scalar made a 0-d array; None for an empty tuple."""
+        if type(r) is tuple:
+            return _as_value(r[0]) if r else None
+        return _as_value(r)
+
+    @staticmethod
+    def outputs(r, n: int) -> tuple:
+        """A function's result ``r`` as exactly ``n`` output values (numpy scalars made
+        0-d arrays; missing trailing outputs None, extra ones dropped)."""
+        vals = [_as_value(v) for v in r] if type(r) is tuple else [_as_value(r)]
+        if len(vals) != n:
+            vals = (vals + [None] * n)[:n]
+        return tuple(vals)
+
+
+def _function_kernel_class(fn: Callable, direct: Callable | None = None) -> type[Kernel]:
     sig = inspect.signature(fn)
     names: set[str] | None = set()
     for p in sig.parameters.values():
@@ -186,6 +272,7 @@ def _function_kernel_class(fn: Callable) -> type[Kernel]:
         {
             "fn": staticmethod(fn),
             "attr_names": None if names is None else frozenset(names),
+            "direct_fn": None if direct is None else staticmethod(direct),
             "__doc__": fn.__doc__,
             "__module__": fn.__module__,
         },
@@ -236,6 +323,7 @@ class KernelRegistry:
         end: int | None = None,
         types: dict[str, Iterable] | None = None,
         accepts: Callable[[NodeInfo], str | None] | None = None,
+        direct: Callable[[Kernel], DirectCall | None] | None = None,
     ) -> Callable:
         """Decorator registering a kernel class or function for ``op_type``.
 
@@ -246,10 +334,20 @@ class KernelRegistry:
             registration of the same op.
         :param types: type constraints, e.g. ``{"T": [np.float32, np.float64]}``.
         :param accepts: a predicate refusing nodes it cannot run, with a reason.
+        :param direct: for a function kernel, ``direct(kernel) -> DirectCall | None``: the
+            one call its runs come down to for that node, if any (see :class:`DirectCall`);
+            a kernel class overrides :meth:`Kernel.direct_call` instead.
         """
+        if direct is not None and inspect.isclass(direct):
+            raise TypeError("direct= takes a function of the kernel returning a DirectCall or None")
 
         def deco(obj):
-            cls = obj if isinstance(obj, type) else _function_kernel_class(obj)
+            if isinstance(obj, type):
+                if direct is not None:
+                    raise TypeError(f"{obj.__name__}: a kernel class overrides direct_call() instead of direct=")
+                cls = obj
+            else:
+                cls = _function_kernel_class(obj, direct)
             self.register(
                 KernelDef(
                     op_type,
