@@ -13,13 +13,14 @@ import math
 
 import numpy as np
 
-from onnxrt.plugin.kernel import Kernel
+from onnxrt.plugin.kernel import DirectCall, Kernel
 
 from .. import native
 from ..parallel import parallel_for, thread_count
 from ..registry import op
 from .math import erf, is_low_float
 from ..rows import SoftmaxRoute, row_max, row_sum, softmax_rows
+from ..select import _CLIP_MIN
 from ..select import relu as _relu
 
 _F32 = np.dtype(np.float32)
@@ -101,7 +102,20 @@ def _amax(x, axis):
     return row_max(x)
 
 
-@op("Relu", since=1)
+def _relu_direct(k):
+    """``np.maximum(x, 0)``, what Relu computes below the sizes of the compiled and the
+    clip passes, for an input whose type and shape are static and that small."""
+    dt = k.node.input_dtype(0)
+    shape = k.node.input_shape(0)
+    if (k.xp is not np or dt is None or dt.kind not in "fi" or shape is None
+            or not all(type(d) is int for d in shape) or math.prod(shape) >= min(_CLIP_MIN, native.UNARY_MIN)):
+        return None
+    zero = np.zeros((), dt)
+    zero.flags.writeable = False
+    return DirectCall(np.maximum, args=(zero,), kwargs={} if shape else {"out": ...})
+
+
+@op("Relu", since=1, direct=_relu_direct)
 def relu(k, x):
     """ONNX Relu (integer types from opset 14)."""
     if k.xp is np:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from onnxrt.plugin.kernel import Kernel
+from onnxrt.plugin.kernel import DirectCall, Kernel
 from onnxrt.run.limits import allocation_limit, check_allocation
 
 from ..registry import op
@@ -189,8 +189,10 @@ def erf(x):
 # -- unary ---------------------------------------------------------------------------
 
 
-def _register_unary(name, since, fn, *, narrow_direct=False):
-    """Register ``fn(xp, x)``; narrow floats go through float32 unless ``narrow_direct``."""
+def _register_unary(name, since, fn, *, narrow_direct=False, ufunc=None):
+    """Register ``fn(xp, x)``; narrow floats go through float32 unless ``narrow_direct``.
+    ``ufunc``: the numpy ufunc ``fn`` computes, the plan's direct call for numpy inputs
+    of a static type that is not a narrow float."""
 
     def kernel(k, x):
         if not narrow_direct and is_low_float(x.dtype) and x.dtype.kind in "fV":
@@ -200,7 +202,30 @@ def _register_unary(name, since, fn, *, narrow_direct=False):
     kernel.__name__ = name
     kernel.__qualname__ = name
     kernel.__doc__ = f"ONNX {name}."
-    op(name, since=since)(kernel)
+    op(name, since=since, direct=None if ufunc is None else _unary_direct(ufunc))(kernel)
+
+
+def _plain_dtype(k, i: int):
+    """Input ``i``'s static dtype where numpy computes in it directly (not a narrow
+    float), else None."""
+    dt = k.node.input_dtype(i)
+    return None if dt is None or is_low_float(dt) or dt.kind == "V" else dt
+
+
+def _ufunc_call(ufunc, shape) -> DirectCall:
+    """``ufunc`` as a direct call; ``out=...`` unless the rank is known to be at least 1,
+    so that 0-d inputs give a 0-d array and not a numpy scalar."""
+    return DirectCall(ufunc, kwargs={} if shape else {"out": ...})
+
+
+def _unary_direct(ufunc):
+    def direct(k):
+        # the run's np.errstate(all="ignore") covers what the guarded ops enter
+        if k.xp is not np or _plain_dtype(k, 0) is None:
+            return None
+        return _ufunc_call(ufunc, k.node.input_shape(0))
+
+    return direct
 
 
 def _sign(xp, x):
@@ -240,16 +265,16 @@ def _guarded(f):
     return g
 
 
-_register_unary("Abs", 1, _abs)
-_register_unary("Neg", 1, _neg)
+_register_unary("Abs", 1, _abs, ufunc=np.absolute)  # of an unsigned array: a copy either way
+_register_unary("Neg", 1, _neg, ufunc=np.negative)
 _register_unary("Sign", 9, _sign)
 _register_unary("Reciprocal", 1, _reciprocal)
-_register_unary("Floor", 1, lambda xp, x: xp.floor(x))
-_register_unary("Ceil", 1, lambda xp, x: xp.ceil(x))
+_register_unary("Floor", 1, lambda xp, x: xp.floor(x), ufunc=np.floor)
+_register_unary("Ceil", 1, lambda xp, x: xp.ceil(x), ufunc=np.ceil)
 _register_unary("Round", 11, lambda xp, x: xp.round(x))  # numpy rounds half to even
-_register_unary("Sqrt", 1, _sqrt)
-_register_unary("Exp", 1, _guarded("exp"))
-_register_unary("Log", 1, _log)
+_register_unary("Sqrt", 1, _sqrt, ufunc=np.sqrt)
+_register_unary("Exp", 1, _guarded("exp"), ufunc=np.exp)
+_register_unary("Log", 1, _log, ufunc=np.log)
 _register_unary("Sin", 7, _guarded("sin"))
 _register_unary("Cos", 7, _guarded("cos"))
 _register_unary("Tan", 7, _guarded("tan"))
@@ -258,7 +283,7 @@ _register_unary("Acos", 7, _guarded("arccos"))
 _register_unary("Atan", 7, _guarded("arctan"))
 _register_unary("Sinh", 9, _guarded("sinh"))
 _register_unary("Cosh", 9, _guarded("cosh"))
-_register_unary("Tanh", 1, _guarded("tanh"))
+_register_unary("Tanh", 1, _guarded("tanh"), ufunc=np.tanh)
 _register_unary("Asinh", 9, _guarded("arcsinh"))
 _register_unary("Acosh", 9, _guarded("arccosh"))
 _register_unary("Atanh", 9, _guarded("arctanh"))
@@ -353,10 +378,23 @@ def _register_arith(name):
         # overflow gives inf silently: the run loop holds np.errstate(all="ignore")
         return _binary(k.xp, name, a, b)
 
+    def direct(k):
+        # inputs of one static type and one static shape: no broadcast (so no row or
+        # buffer pass and no cap to check), no legacy attributes, no integer division
+        if k.xp is not np or k.node.opset < 7:
+            return None
+        a, b = _plain_dtype(k, 0), _plain_dtype(k, 1)
+        if a is None or a != b or (name == "Div" and a.kind != "f"):
+            return None
+        sa, sb = k.node.input_shape(0), k.node.input_shape(1)
+        if sa is None or sa != sb or None in sa:
+            return None
+        return _ufunc_call(_UFUNCS[name], sa)
+
     kernel.__name__ = name
     kernel.__qualname__ = name
     kernel.__doc__ = f"ONNX {name} with numpy broadcasting (and the opset < 7 broadcast attribute)."
-    op(name, since=1)(kernel)
+    op(name, since=1, direct=direct)(kernel)
 
 
 for _name in ("Add", "Sub", "Mul", "Div"):

@@ -14,7 +14,7 @@ import numpy as np
 from onnx import numpy_helper
 
 from onnxrt.dtypes import np_dtype
-from onnxrt.plugin.kernel import Kernel
+from onnxrt.plugin.kernel import DirectCall, Kernel
 from onnxrt.run.limits import allocation_limit, check_allocation
 
 from ..registry import op
@@ -201,6 +201,18 @@ class Reshape(Kernel):
             if self.dims is None or (not self.allowzero and 0 in self.dims)
             else tuple(self.dims)
         )
+
+    def direct_call(self):
+        """``x.reshape(dims)`` for a constant target that the input's static shape fits
+        (the reshape cannot fail, so the error message of :meth:`run` is never needed)."""
+        d = self.direct
+        shape = self.node.input_shape(0)
+        if self.xp is not np or d is None or shape is None or not all(type(n) is int for n in shape):
+            return None
+        size, known = math.prod(shape), math.prod(n for n in d if n != -1)
+        if (known == 0 or size % known) if -1 in d else size != known:
+            return None
+        return DirectCall(np.ndarray.reshape, args=(d,), inputs=(0,))
 
     def run(self, x, shape=None):
         d = self.direct
