@@ -140,6 +140,9 @@ def test_calibrated_ranges_are_the_observed_ones(cnn):
                              for i in range(0, len(cal), 16)])
     mm = collect_ranges(model, NumpyDataReader({"x": cal}, 16), ["c1"], CalibrationMethod.MinMax)["c1"]
     assert mm == (float(values.min()), float(values.max()))
+    on_cpu = collect_ranges(model, NumpyDataReader({"x": cal}, 16), ["c1"], CalibrationMethod.MinMax,
+                            providers=["CPUExecutionProvider"])["c1"]
+    assert on_cpu == mm
     lo, hi = collect_ranges(model, NumpyDataReader({"x": cal}, 16), ["c1"], CalibrationMethod.Percentile,
                             extra_options={"CalibPercentile": 99.0})["c1"]
     width = 2.0 ** np.ceil(np.log2(np.abs(values).max())) / 2048
