@@ -14,7 +14,11 @@ __all__ = ["resolve_shape", "random_input", "random_feeds"]
 
 def resolve_shape(arg, dims: Mapping[str, int]) -> list[int]:
     """The concrete shape of input ``arg`` (a :class:`~onnxrt.NodeArg`), with each
-    symbolic dimension taken from ``dims``; an unresolved one is an error naming it."""
+    symbolic dimension taken from ``dims``; an unresolved one is an error naming it.
+
+    A named dimension is fixed by its name (``--dim batch=1``). An unnamed one, which
+    includes a negative declared ``dim_value`` (``NodeArg.shape`` reports it as
+    ``None``, as onnxruntime does), is fixed by input and axis: ``--dim x:0=1``."""
     if arg.shape is None:
         raise InvalidArgument(f"input {arg.name!r} has no declared shape; give it as a file")
     shape = []
@@ -23,12 +27,16 @@ def resolve_shape(arg, dims: Mapping[str, int]) -> list[int]:
             shape.append(d)
         elif isinstance(d, str) and d in dims:
             shape.append(int(dims[d]))
-        else:
-            name = d if isinstance(d, str) and d else f"dimension {i}"
+        elif not d and f"{arg.name}:{i}" in dims:
+            shape.append(int(dims[f"{arg.name}:{i}"]))
+        elif isinstance(d, str) and d:
             raise InvalidArgument(
-                f"input {arg.name!r} has an unresolved dimension {name!r}; fix it with --dim {name}=VALUE"
-                if isinstance(d, str) and d else
-                f"input {arg.name!r} has an unnamed symbolic {name}; give the input as a file"
+                f"input {arg.name!r} has an unresolved dimension {d!r}; fix it with --dim {d}=VALUE"
+            )
+        else:
+            raise InvalidArgument(
+                f"input {arg.name!r} has an unnamed free dimension {i} (shape {arg.shape}); "
+                f"fix it with --dim {arg.name}:{i}=VALUE or give the input as a file"
             )
     return shape
 

@@ -32,7 +32,12 @@ def type_to_string(tp: TypeProto | None) -> str:
 
 
 def shape_of(tp: TypeProto | None) -> list[int | str | None] | None:
-    """The declared shape: ints, symbolic names, or ``None`` for unknown dimensions."""
+    """The declared shape: ints, symbolic names, or ``None`` for unknown dimensions.
+
+    A negative ``dim_value`` (exporters write ``-1`` for a free batch dimension) is
+    unknown, as onnxruntime reads it: it is ``None`` here, so it matches any size and
+    ``NodeArg.shape`` reports it as onnxruntime does. A zero ``dim_value`` is a fixed
+    size like any other (only an empty dimension matches it), as in onnxruntime."""
     if tp is None:
         return None
     which = tp.WhichOneof("value")
@@ -47,12 +52,17 @@ def shape_of(tp: TypeProto | None) -> list[int | str | None] | None:
     out: list[int | str | None] = []
     for d in tt.shape.dim:
         if d.HasField("dim_value"):
-            out.append(int(d.dim_value))
+            out.append(int(d.dim_value) if d.dim_value >= 0 else None)
         elif d.HasField("dim_param"):
             out.append(d.dim_param)
         else:
             out.append(None)
     return out
+
+
+# dim_params that exporters write for "unknown", not a name shared between axes:
+# paddle2onnx declares [-1, 3, '?', '?'] for an image of any height and width
+_ANONYMOUS_DIMS = frozenset({"?"})
 
 
 class NodeArg:
@@ -174,7 +184,7 @@ class FeedChecker:
                             f"input {name!r} has size {got_d} in dimension {axis}; the model expects "
                             f"{want_d} {_fmt_shape(shape)}, got {list(value.shape)}"
                         )
-                elif isinstance(want_d, str) and want_d:
+                elif isinstance(want_d, str) and want_d and want_d not in _ANONYMOUS_DIMS:
                     prev = bound.get(want_d)
                     if prev is None:
                         bound[want_d] = (got_d, name)
