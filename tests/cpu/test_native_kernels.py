@@ -336,7 +336,9 @@ def _child_conv(queue):
     x = np.ones((1, 8, 12, 12), np.float32)
     w = np.ones((16, 8 * 9), np.float32)
     y = np.empty((1, 16, 12, 12), np.float32)
-    native.K.conv2d(x, w, None, None, y, (1, 8, 12, 12, 16, 1, 3, 3, 1, 1, 1, 1, 1, 1, 12, 12), 0, 0.0, 0.0, 2)
+    geometry = native.ConvGeometry(n=1, c=8, h=12, w=12, m=16, groups=1, kh=3, kw=3, sh=1, sw=1, dh=1, dw=1, pad_top=1,
+                                   pad_left=1, oh=12, ow=12)
+    native.K.conv2d(x, w, None, None, y, geometry, 0, 0.0, 0.0, 2)
     queue.put((float(y[0, 0, 5, 5]), float(y[0, 0, 0, 0]), native.K.pool_selftest(100, 2, 100) == [1] * 100))
 
 
@@ -360,7 +362,10 @@ def test_bad_arguments_raise_typed_errors():
     x = np.ones((1, 2, 4, 4), np.float32)
     w = np.ones((2, 9), np.float32)
     y = np.empty((1, 2, 4, 4), np.float32)
-    geometry = (1, 2, 4, 4, 3, 3, 1, 1, 1, 1, 1, 1, 4, 4)
+    geometry = native.WindowGeometry(n=1, c=2, h=4, w=4, kh=3, kw=3, sh=1, sw=1, dh=1, dw=1, pad_top=1, pad_left=1,
+                                     oh=4, ow=4)
+    conv = native.ConvGeometry(n=1, c=2, h=4, w=4, m=4, groups=1, kh=3, kw=3, sh=1, sw=1, dh=1, dw=1, pad_top=1,
+                               pad_left=1, oh=4, ow=4)
     with pytest.raises(TypeError, match="x must be float32 or float64"):
         k.depthwise2d(x.astype(np.int32), w, None, y, geometry, 0, 0.0, 0.0, 1)
     with pytest.raises(TypeError, match="y must be a writable C-contiguous array"):
@@ -372,9 +377,9 @@ def test_bad_arguments_raise_typed_errors():
     with pytest.raises(ValueError, match="invalid geometry or activation"):
         k.depthwise2d(x, w, None, y, geometry, 7, 0.0, 0.0, 1)
     with pytest.raises(ValueError, match="invalid geometry"):
-        k.conv2d(x, w, None, None, y, (1, 2, 4, 4, 3, 2, 3, 3, 1, 1, 1, 1, 1, 1, 4, 4), 0, 0.0, 0.0, 1)
+        k.conv2d(x, w, None, None, y, conv._replace(m=3, groups=2), 0, 0.0, 0.0, 1)
     with pytest.raises(ValueError, match="w holds 18 elements"):
-        k.conv2d(x, w, None, None, y, (1, 2, 4, 4, 4, 1, 3, 3, 1, 1, 1, 1, 1, 1, 4, 4), 0, 0.0, 0.0, 1)
+        k.conv2d(x, w, None, None, y, conv, 0, 0.0, 0.0, 1)
     with pytest.raises(ValueError, match="microseconds"):
         k.set_spin(-1.0)
 
@@ -628,6 +633,38 @@ def test_onnxrt_cpu_native_0_runs_the_numpy_paths_and_says_so():
 
 
 @needs_native
+def test_the_geometry_is_a_named_type_whose_fields_the_kernels_check():
+    """The kernels take their geometry as ConvGeometry or WindowGeometry only: a plain
+    tuple of the same integers, the other type or a field that is not an integer is a
+    TypeError naming the kernel; set_geometry_types refuses types whose fields are not
+    the kernels' (the module then keeps the types it has)."""
+    k = native.K
+    x = np.ones((1, 2, 4, 4), np.float32)
+    w = np.ones((4, 18), np.float32)
+    y = np.empty((1, 4, 4, 4), np.float32)
+    conv = native.ConvGeometry(n=1, c=2, h=4, w=4, m=4, groups=1, kh=3, kw=3, sh=1, sw=1, dh=1, dw=1, pad_top=1,
+                               pad_left=1, oh=4, ow=4)
+    k.conv2d(x, w, None, None, y, conv, 0, 0.0, 0.0, 1)
+    np.testing.assert_array_equal(y[0, :, 1:3, 1:3], np.full((4, 2, 2), 18.0, np.float32))
+    with pytest.raises(TypeError, match="conv2d: geometry must be a ConvGeometry, not tuple"):
+        k.conv2d(x, w, None, None, y, tuple(conv), 0, 0.0, 0.0, 1)
+    with pytest.raises(TypeError, match="depthwise2d: geometry must be a WindowGeometry, not ConvGeometry"):
+        k.depthwise2d(x, w[:2, :9], None, y[:, :2], conv, 0, 0.0, 0.0, 1)
+    with pytest.raises(TypeError, match="pool2d: geometry field kh must be an integer"):
+        k.pool2d(x, y[:, :2], conv.window()._replace(kh=3.0), 0, None, 1)
+    with pytest.raises(ValueError, match="direct2d: invalid geometry \\(groups 2"):
+        k.direct2d(x, w, None, None, y, conv._replace(groups=2), 0, 0.0, 0.0, 1)
+    with pytest.raises(ValueError, match="winograd3x3: invalid geometry"):
+        k.winograd3x3(x, np.ones((16, 4, 2), np.float32), None, None, y, conv._replace(sh=2), 0, 0.0, 0.0, 1)
+    Shuffled = collections.namedtuple("Shuffled", ("c", "n") + native.ConvGeometry._fields[2:])
+    with pytest.raises(TypeError, match="conv's fields are not the kernels'"):
+        k.set_geometry_types(Shuffled, native.WindowGeometry)
+    with pytest.raises(TypeError, match="window must be a named tuple type"):
+        k.set_geometry_types(native.ConvGeometry, dict)
+    k.conv2d(x, w, None, None, y, conv, 0, 0.0, 0.0, 1)  # the module kept its types
+
+
+@needs_native
 def test_a_huge_kernel_is_refused_before_allocating_and_the_numpy_path_takes_it(monkeypatch):
     """A kernel of 1100 x 1100 taps over a 64 x 64 output would need 310 MB of gathered
     columns per tile: the compiled kernel refuses with MemoryError before allocating,
@@ -636,8 +673,9 @@ def test_a_huge_kernel_is_refused_before_allocating_and_the_numpy_path_takes_it(
     w = np.zeros((1, 1100 * 1100), np.float32)
     y = np.empty((1, 1, 64, 64), np.float32)
     with pytest.raises(MemoryError, match="gathered columns exceed"):
-        native.K.conv2d(x, w, None, None, y, (1, 1, 1163, 1163, 1, 1, 1100, 1100, 1, 1, 1, 1, 0, 0, 64, 64),
-                        0, 0.0, 0.0, 1)
+        geometry = native.ConvGeometry(n=1, c=1, h=1163, w=1163, m=1, groups=1, kh=1100, kw=1100, sh=1, sw=1, dh=1,
+                                       dw=1, pad_top=0, pad_left=0, oh=64, ow=64)
+        native.K.conv2d(x, w, None, None, y, geometry, 0, 0.0, 0.0, 1)
     from onnxrt_cpu.conv import compiled, packing
 
     wp = packing.ConvWeights(w.reshape(1, 1, 1100, 1100), 1, np.dtype(np.float32))
@@ -797,7 +835,9 @@ def test_qconv8_is_exact_for_every_geometry_and_type(threads):
             yz = 5 if y_type == np.int8 else 131
             oh = (h + pads[0] + pads[2] - dil[0] * (kernel[0] - 1) - 1) // strides[0] + 1
             ow = (wd + pads[1] + pads[3] - dil[1] * (kernel[1] - 1) - 1) // strides[1] + 1
-            geometry = (n, c, h, wd, m, group, *kernel, *strides, *dil, pads[0], pads[1], oh, ow)
+            geometry = native.ConvGeometry(n=n, c=c, h=h, w=wd, m=m, groups=group, kh=kernel[0], kw=kernel[1],
+                                           sh=strides[0], sw=strides[1], dh=dil[0], dw=dil[1], pad_top=pads[0],
+                                           pad_left=pads[1], oh=oh, ow=ow)
             w8, zw = native.pack_conv_int8(w, wz)
             y = np.empty((n, m, oh, ow), y_type)
             native.K.qconv8(x, w8, zw, bias, mult, y, geometry, xz, yz, threads)
@@ -819,9 +859,10 @@ def test_qconv8_refuses_what_it_cannot_take():
     w8, zw = native.pack_conv_int8(np.ones((8, 4, 3, 3), np.int8))
     y = np.empty((1, 8, 3, 3), np.uint8)
     mult = np.ones(1, np.float32)
-    geometry = (1, 4, 5, 5, 8, 1, 3, 3, 1, 1, 1, 1, 0, 0, 3, 3)
+    geometry = native.ConvGeometry(n=1, c=4, h=5, w=5, m=8, groups=1, kh=3, kw=3, sh=1, sw=1, dh=1, dw=1, pad_top=0,
+                                   pad_left=0, oh=3, ow=3)
     with pytest.raises(ValueError, match="invalid geometry"):
-        native.K.qconv8(x, w8, zw, None, mult, y, geometry[:4] + (0,) + geometry[5:], 0, 0, 1)
+        native.K.qconv8(x, w8, zw, None, mult, y, geometry._replace(m=0), 0, 0, 1)
     with pytest.raises(ValueError, match="qconv8: y holds 24 elements, at least 72"):
         native.K.qconv8(x, w8, zw, None, mult, y[:, :, :, :1].copy(), geometry, 0, 0, 1)
     with pytest.raises(ValueError, match="mult holds 2 values"):

@@ -9,7 +9,7 @@ import numpy as np
 
 from .. import native, parallel
 
-__all__ = ["WINOGRAD_MIN_CHANNELS", "conv_native", "depthwise_native", "direct_pays", "native_geometry",
+__all__ = ["WINOGRAD_MIN_CHANNELS", "conv_native", "depthwise_native", "direct_pays", "native_geometry", "planes",
            "qlinear_conv_native", "winograd_pays"]
 
 _NATIVE_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
@@ -60,21 +60,29 @@ def winograd_pays(x4, wp, kernel, strides, dilations, out_sp) -> bool:
             and wp.shape[0] * wp.shape[1] >= WINOGRAD_MIN_CHANNELS)
 
 
+def planes(x, m: int, group: int, kernel, strides, dilations, pb, out_sp):
+    """``(x as [N, C, H, W], its ConvGeometry)`` for the compiled kernels, a 1-D
+    convolution (``x`` of rank 3) as a 2-D one of one row; None for other ranks. The
+    geometry's arguments are tuples."""
+    if x.ndim == 4:
+        x4 = np.ascontiguousarray(x)
+    elif x.ndim == 3:
+        x4 = np.ascontiguousarray(x).reshape(x.shape[0], x.shape[1], 1, x.shape[2])
+        kernel, strides, dilations, pb, out_sp = (1, *kernel), (1, *strides), (1, *dilations), (0, *pb), (1, *out_sp)
+    else:
+        return None
+    return x4, native.conv_geometry(x4.shape, m, group, kernel, strides, dilations, pb, out_sp)
+
+
 def native_geometry(x, wp, strides, dilations, pb, pe, out_sp, pad_value):
-    """``(x as [N, C, H, W], kernel (kh, kw), strides, dilations, pads begin, out
-    (oh, ow))`` for the compiled kernels, a 1-D convolution as a 2-D one of one row;
-    None where they do not take the layer (3-D and more, a padding value other than
-    0, negative pads, a dtype other than float32/64, an empty output)."""
+    """:func:`planes` of a float convolution with the packed weight ``wp``; None where
+    the compiled kernels do not take the layer (3-D and more, a padding value other
+    than 0, negative pads, a dtype other than float32/64, an empty output)."""
     if native.K is None or pad_value != 0 or x.dtype not in _NATIVE_FLOATS or min(pb) < 0 or min(pe) < 0 \
             or 0 in out_sp or 0 in x.shape or wp.shape[0] == 0:
         return None
-    if x.ndim == 4:
-        return (np.ascontiguousarray(x), tuple(wp.kernel), tuple(strides), tuple(dilations), tuple(pb),
-                tuple(out_sp))
-    if x.ndim == 3:
-        return (np.ascontiguousarray(x).reshape(x.shape[0], x.shape[1], 1, x.shape[2]), (1, wp.kernel[0]),
-                (1, strides[0]), (1, dilations[0]), (0, pb[0]), (1, out_sp[0]))
-    return None
+    return planes(x, wp.shape[0], wp.group, tuple(wp.kernel), tuple(strides), tuple(dilations), tuple(pb),
+                  tuple(out_sp))
 
 
 def native_act(act):
@@ -96,13 +104,11 @@ def depthwise_native(x, wp, strides, dilations, pb, pe, out_sp, y, pad_value, bi
     geo = native_geometry(x, wp, strides, dilations, pb, pe, out_sp, pad_value)
     if geo is None:
         return False
-    x4, (kh, kw), (sh, sw), (dh, dw), (pt, pl), (oh, ow) = geo
-    n, c, h, w_ = x4.shape
+    x4, g = geo
     if bias is not None:
-        bias = np.ascontiguousarray(bias, dtype=x.dtype).reshape(c)
+        bias = np.ascontiguousarray(bias, dtype=x.dtype).reshape(g.c)
     kind, lo, hi = native_act(act)
-    native.K.depthwise2d(x4, wp.depthwise, bias, y, (n, c, h, w_, kh, kw, sh, sw, dh, dw, pt, pl, oh, ow),
-                        kind, lo, hi, parallel.thread_count())
+    native.K.depthwise2d(x4, wp.depthwise, bias, y, g.window(), kind, lo, hi, parallel.thread_count())
     return True
 
 
@@ -116,29 +122,24 @@ def conv_native(x, wp, strides, dilations, pb, pe, out_sp, y, pad_value, bias, r
     geo = native_geometry(x, wp, strides, dilations, pb, pe, out_sp, pad_value)
     if geo is None:
         return False
-    x4, (kh, kw), (sh, sw), (dh, dw), (pt, pl), (oh, ow) = geo
-    n, c, h, w_ = x4.shape
-    m = wp.shape[0]
+    x4, g = geo
     if bias is not None:
-        bias = np.ascontiguousarray(bias, dtype=x.dtype).reshape(m)
+        bias = np.ascontiguousarray(bias, dtype=x.dtype).reshape(g.m)
     if residual is not None:
         residual = np.ascontiguousarray(residual, dtype=x.dtype)
     kind, lo, hi = native_act(act)
-    if winograd_pays(x4, wp, (kh, kw), (sh, sw), (dh, dw), (oh, ow)):
-        native.K.winograd3x3(x4, wp.winograd(), bias, residual, y, (n, c, h, w_, m, pt, pl, oh, ow), kind, lo, hi,
-                             parallel.thread_count())
+    kernel, out_sp = (g.kh, g.kw), (g.oh, g.ow)
+    if winograd_pays(x4, wp, kernel, (g.sh, g.sw), (g.dh, g.dw), out_sp):
+        native.K.winograd3x3(x4, wp.winograd(), bias, residual, y, g, kind, lo, hi, parallel.thread_count())
         return True
-    if direct_pays(x4, wp, (kh, kw), (oh, ow)):
+    if direct_pays(x4, wp, kernel, out_sp):
         try:
-            native.K.direct2d(x4, wp.gemm, bias, residual, y, (n, c, h, w_, m, kh, kw, sh, sw, dh, dw, pt, pl, oh, ow),
-                              kind, lo, hi, parallel.thread_count())
+            native.K.direct2d(x4, wp.gemm, bias, residual, y, g, kind, lo, hi, parallel.thread_count())
             return True
         except MemoryError:
             pass  # input phases past the compiled kernel's limit: im2col below, in bounded tiles
     try:
-        native.K.conv2d(x4, wp.gemm, bias, residual, y,
-                        (n, c, h, w_, m, wp.group, kh, kw, sh, sw, dh, dw, pt, pl, oh, ow), kind, lo, hi,
-                        parallel.thread_count())
+        native.K.conv2d(x4, wp.gemm, bias, residual, y, g, kind, lo, hi, parallel.thread_count())
     except MemoryError:
         # a kernel so large that a tile of its gathered columns passes the compiled
         # kernel's limit: the numpy path gathers in bounded bands
@@ -155,30 +156,20 @@ def qlinear_conv_native(x, wp32, w8, bias, mult, y, kernel, strides, dilations, 
     (float32 [M] or [1]) and ``bias`` (float32 [M] or None) while in cache. False
     where the kernel refused the layer for its size (the numpy path gathers in
     bounded bands)."""
-    m = y.shape[1]
-    if x.ndim == 3:
-        x4 = np.ascontiguousarray(x).reshape(x.shape[0], x.shape[1], 1, x.shape[2])
-        geometry = (1, kernel[0], 1, strides[0], 1, dilations[0], 0, pb[0], 1, out_sp[0])
-    else:
-        x4 = np.ascontiguousarray(x)
-        geometry = (*kernel, *strides, *dilations, pb[0], pb[1], *out_sp)
-    n, c, h, wd = x4.shape
-    group = wp32.group
+    x4, g = planes(x, y.shape[1], wp32.group, tuple(kernel), tuple(strides), tuple(dilations), tuple(pb),
+                   tuple(out_sp))
     try:
         if w8 is not None:
             # 8-bit products (AVX-512 VNNI): the same output bit for bit, the
             # products four times as dense as float32's
-            native.K.qconv8(x4, w8[0], w8[1], bias, mult, y, (n, c, h, wd, m, group, *geometry),
-                            zp, y_zp, parallel.thread_count())
-        elif direct_pays(np.empty(0, np.float32), wp32, tuple(geometry[:2]), tuple(geometry[-2:])):
+            native.K.qconv8(x4, w8[0], w8[1], bias, mult, y, g, zp, y_zp, parallel.thread_count())
+        elif direct_pays(np.empty(0, np.float32), wp32, (g.kh, g.kw), (g.oh, g.ow)):
             # few output channels or a short reduction: the direct kernel (the
             # QDQ ResNet-style model's 7x7 stem of 16 channels, batch 8: 935 ->
             # 400 us on two threads)
-            native.K.qdirect2d(x4, wp32.gemm, bias, mult, y, (n, c, h, wd, m, *geometry), zp, y_zp,
-                               parallel.thread_count())
+            native.K.qdirect2d(x4, wp32.gemm, bias, mult, y, g, zp, y_zp, parallel.thread_count())
         else:
-            native.K.qconv2d(x4, wp32.gemm, bias, mult, y, (n, c, h, wd, m, group, *geometry), zp, y_zp,
-                             parallel.thread_count())
+            native.K.qconv2d(x4, wp32.gemm, bias, mult, y, g, zp, y_zp, parallel.thread_count())
     except MemoryError:
         return False
     return True

@@ -27,7 +27,7 @@ from onnxrt.plugin.pool_geometry import pool_geometry
 from .. import native
 from ..registry import op
 from .activation import _sigmoid
-from .conv import pad_spatial, spatial_attrs, tap_slices
+from ..conv.geometry import pad_spatial, spatial_attrs, tap_slices
 from .quantize import (
     INT_RANGES,
     DequantizeLinear,

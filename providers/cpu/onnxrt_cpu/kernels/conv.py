@@ -8,8 +8,8 @@ paths); the integer convolutions accumulate exactly there too
 (:mod:`onnxrt_cpu.conv.integer`). ConvTranspose and Col2Im run the GEMM first and
 scatter-add the columns back (col2im), one strided slice per kernel tap.
 
-The spatial helpers (:func:`conv_pads`, :func:`pad_spatial`, :func:`tap_slices`)
-are shared with the pooling kernels, from :mod:`onnxrt_cpu.conv.geometry`.
+The spatial helpers the pooling kernels share with these are in
+:mod:`onnxrt_cpu.conv.geometry`.
 """
 
 from __future__ import annotations
@@ -25,14 +25,13 @@ from onnxrt.plugin.pool_geometry import conv_transpose_geometry
 from .. import native
 from ..conv.compiled import WINOGRAD_MIN_CHANNELS, qlinear_conv_native
 from ..conv.forward import convolve
-from ..conv.geometry import check_rank, col2im_add, compute_dtype, conv_pads, pad_spatial, spatial_attrs, tap_slices
+from ..conv.geometry import check_rank, col2im_add, compute_dtype, conv_pads, spatial_attrs
 from ..conv.integer import IntConvBase, input_bound, requantize_output, to_int32
 from ..conv.packing import ConvWeights, DeconvWeights, is_constant_input, weight_for
 from ..registry import op
 from ..rows import columns_op
 
-__all__ = ["Conv", "ConvInteger", "ConvTranspose", "DeformConv", "QLinearConv", "compute_dtype", "conv_pads",
-           "pad_spatial", "spatial_attrs", "tap_slices"]
+__all__ = ["Conv", "ConvInteger", "ConvTranspose", "DeformConv", "QLinearConv"]
 
 
 # -- Conv --------------------------------------------------------------------------

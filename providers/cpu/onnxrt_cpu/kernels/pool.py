@@ -22,7 +22,7 @@ from onnxrt.run.limits import check_allocation
 
 from .. import native, parallel
 from ..registry import op
-from .conv import compute_dtype, pad_spatial, spatial_attrs, tap_slices
+from ..conv.geometry import compute_dtype, pad_spatial, spatial_attrs, tap_slices
 from ..rows import channels_last, plane_sum
 
 # Above this window extent on any axis, reduce a sliding-window view rather than looping over taps.
@@ -364,8 +364,9 @@ def _native_pool(x, kernel, strides, dil, pb, out_sp, mode: int, div=None):
     y = np.empty((n, c, *out_sp), x.dtype)
     if div is not None:
         div = np.ascontiguousarray(np.broadcast_to(div, out_sp), dtype=x.dtype)
-    native.K.pool2d(x4, y, (n, c, h, w, *kernel, *strides, *dil, pb[0], pb[1], *out_sp), mode, div,
-                    parallel.thread_count())
+    geometry = native.window_geometry(x4.shape, tuple(kernel), tuple(strides), tuple(dil), (pb[0], pb[1]),
+                                      tuple(out_sp))
+    native.K.pool2d(x4, y, geometry, mode, div, parallel.thread_count())
     return y.reshape(x.shape[:2] + tuple(out_sp[2 - (x.ndim - 2):]))
 
 

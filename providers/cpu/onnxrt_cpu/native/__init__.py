@@ -20,14 +20,17 @@ is loaded and why anything is not.
 from __future__ import annotations
 
 import ctypes
+import functools
 import importlib
 import os
+from collections import namedtuple
 from types import ModuleType
 
 import numpy as np
 from onnxrt.run.threads import current_thread_count
 
-__all__ = ["K", "BLAS", "RELU", "CLIP", "SIGMOID", "SWISH", "GELU", "Int8Weights", "NBitsWeights", "kernels",
+__all__ = ["K", "BLAS", "RELU", "CLIP", "SIGMOID", "SWISH", "GELU", "ConvGeometry", "Int8Weights", "NBitsWeights",
+           "WindowGeometry", "conv_geometry", "kernels", "window_geometry",
            "blas_ready", "channel_affine", "float_range", "int8_blocks", "int8_matmul", "layer_norm", "nbits_matmul",
            "pack_conv_int8", "pack_int8_weights", "pack_nbits_weights", "pair_lookup", "rms_norm", "status", "unary"]
 
@@ -44,6 +47,58 @@ _SYMBOLS = (
     ("scipy_cblas_sgemm", "scipy_cblas_dgemm", False),
     ("cblas_sgemm", "cblas_dgemm", False),
 )
+
+
+#: The fields of :class:`WindowGeometry` and :class:`ConvGeometry`, in the order of
+#: the compiled kernels' structs (native.h), which check them when they are loaded.
+_WINDOW_FIELDS = ("n", "c", "h", "w", "kh", "kw", "sh", "sw", "dh", "dw", "pad_top", "pad_left", "oh", "ow")
+_CONV_FIELDS = _WINDOW_FIELDS[:4] + ("m", "groups") + _WINDOW_FIELDS[4:]
+
+
+class WindowGeometry(namedtuple("WindowGeometry", _WINDOW_FIELDS)):
+    """A window over 2-D planes for the compiled depthwise convolution and pooling
+    (``depthwise2d``, ``pool2d``), every field an int: ``n`` images of ``c`` planes
+    ``h`` x ``w``, a ``kh`` x ``kw`` window, its strides ``sh``, ``sw`` and dilations
+    ``dh``, ``dw``, the pads before each axis (``pad_top``, ``pad_left``) and the
+    output size ``oh`` x ``ow``. The kernels take this type only."""
+
+    __slots__ = ()
+
+
+class ConvGeometry(namedtuple("ConvGeometry", _CONV_FIELDS)):
+    """A 2-D convolution's geometry for the compiled convolutions (``conv2d``,
+    ``qconv2d``, ``qconv8``, ``direct2d``, ``qdirect2d``, ``winograd3x3``):
+    :class:`WindowGeometry`'s fields and, after ``w``, the output channels ``m`` and
+    the ``groups``. The kernels take this type only."""
+
+    __slots__ = ()
+
+    def window(self) -> WindowGeometry:
+        """The window of this convolution over each plane (a depthwise one's)."""
+        return window_geometry((self.n, self.c, self.h, self.w), (self.kh, self.kw), (self.sh, self.sw),
+                               (self.dh, self.dw), (self.pad_top, self.pad_left), (self.oh, self.ow))
+
+
+@functools.lru_cache(maxsize=512)
+def conv_geometry(shape, m: int, groups: int, kernel, strides, dilations, pads, out) -> ConvGeometry:
+    """The :class:`ConvGeometry` of a convolution of an input ``shape`` ``(N, C, H, W)``
+    into ``m`` channels in ``groups`` groups, from the ``(rows, columns)`` pairs of its
+    ``kernel``, ``strides``, ``dilations``, ``pads`` before each axis and ``out`` size
+    (every argument an int or a tuple). Kept per layout: named, a geometry costs 1-2
+    us to build, on every call of every layer."""
+    (n, c, h, w), (kh, kw), (sh, sw), (dh, dw), (pt, pl), (oh, ow) = shape, kernel, strides, dilations, pads, out
+    return ConvGeometry(n=n, c=c, h=h, w=w, m=m, groups=groups, kh=kh, kw=kw, sh=sh, sw=sw, dh=dh, dw=dw, pad_top=pt,
+                        pad_left=pl, oh=oh, ow=ow)
+
+
+@functools.lru_cache(maxsize=512)
+def window_geometry(shape, kernel, strides, dilations, pads, out) -> WindowGeometry:
+    """The :class:`WindowGeometry` of a window over the planes of an input ``shape``
+    ``(N, C, H, W)``, its other arguments as :func:`conv_geometry`'s (kept per layout
+    too)."""
+    (n, c, h, w), (kh, kw), (sh, sw), (dh, dw), (pt, pl), (oh, ow) = shape, kernel, strides, dilations, pads, out
+    return WindowGeometry(n=n, c=c, h=h, w=w, kh=kh, kw=kw, sh=sh, sw=sw, dh=dh, dw=dw, pad_top=pt, pad_left=pl,
+                          oh=oh, ow=ow)
 
 
 def _disabled() -> bool:
@@ -91,7 +146,9 @@ def _products_agree(module: ModuleType) -> bool:
         x = rng.standard_normal((1, 3, 5, 7)).astype(dt)
         w = rng.standard_normal((4, 3)).astype(dt)
         y = np.empty((1, 4, 5, 7), dt)
-        module.conv2d(x, w, None, None, y, (1, 3, 5, 7, 4, 1, 1, 1, 1, 1, 1, 1, 0, 0, 5, 7), 0, 0.0, 0.0, 1)
+        geometry = ConvGeometry(n=1, c=3, h=5, w=7, m=4, groups=1, kh=1, kw=1, sh=1, sw=1, dh=1, dw=1, pad_top=0,
+                                pad_left=0, oh=5, ow=7)
+        module.conv2d(x, w, None, None, y, geometry, 0, 0.0, 0.0, 1)
         want = np.einsum("mc,nchw->nmhw", w.astype(np.float64), x.astype(np.float64))
         if not np.allclose(y, want, rtol=1e-5, atol=1e-5):
             return False
@@ -108,6 +165,11 @@ def _load() -> None:
         module = importlib.import_module(f"{__name__}._kernels")
     except ImportError as e:
         _reason = f"not built ({e})"
+        return
+    try:
+        module.set_geometry_types(ConvGeometry, WindowGeometry)
+    except (AttributeError, TypeError) as e:  # a stale build: its kernels would misread the geometry
+        _reason = f"the built module does not take this package's geometry types ({e})"
         return
     spin = os.environ.get("ONNXRT_CPU_SPIN_US")
     if spin is not None:

@@ -14,10 +14,6 @@
 
 #include <math.h>
 
-typedef struct {
-    Py_ssize_t n, c, h, w, m, groups, kh, kw, sh, sw, dh, dw, pt, pl, oh, ow;
-} conv_geometry;
-
 enum { MODE_COLUMNS = 0, MODE_ROWS = 1 };
 
 typedef struct {
@@ -193,19 +189,18 @@ PyDoc_STRVAR(conv2d_doc,
 "Convolution of x [N, C, H, W] with w [M, C / groups * kh * kw] (each group's rows\n"
 "together), plus the bias b [M] and the residual z (y's shape), each or None, then the\n"
 "activation act (0 none, 1 Relu, 2 Clip to [lo, hi]), into y [N, M, OH, OW].\n"
-"geometry is (n, c, h, w, m, groups, kh, kw, sh, sw, dh, dw, pad_top, pad_left, oh, ow);\n"
-"pads are at least 0, the padding value is 0. float32 or float64, all alike. Needs\n"
+"geometry is a ConvGeometry (n, c, h, w, m, groups, kh, kw, sh, sw, dh, dw, pad_top,\n"
+"pad_left, oh, ow); pads are at least 0, the padding value is 0. float32 or float64, all alike. Needs\n"
 "set_blas; runs on up to threads threads, without the GIL.");
 
 static PyObject *conv2d(PyObject *self, PyObject *args)
 {
-    PyObject *xo, *wo, *bo, *zo, *yo;
+    PyObject *xo, *wo, *bo, *zo, *yo, *go;
     conv_geometry g;
     int act, threads;
     double lo, hi;
-    if (!PyArg_ParseTuple(args, "OOOOO(nnnnnnnnnnnnnnnn)iddi:conv2d", &xo, &wo, &bo, &zo, &yo, &g.n, &g.c, &g.h,
-                          &g.w, &g.m, &g.groups, &g.kh, &g.kw, &g.sh, &g.sw, &g.dh, &g.dw, &g.pt, &g.pl, &g.oh,
-                          &g.ow, &act, &lo, &hi, &threads))
+    if (!PyArg_ParseTuple(args, "OOOOOOiddi:conv2d", &xo, &wo, &bo, &zo, &yo, &go, &act, &lo, &hi, &threads) ||
+        conv_geometry_get(go, &g, "conv2d") < 0)
         return NULL;
     if (act < ACT_NONE || act > ACT_CLIP) {
         PyErr_SetString(PyExc_ValueError, "conv2d: invalid geometry or activation");
@@ -263,12 +258,11 @@ PyDoc_STRVAR(qconv2d_doc,
 
 static PyObject *qconv2d(PyObject *self, PyObject *args)
 {
-    PyObject *xo, *wo, *bo, *mo, *yo;
+    PyObject *xo, *wo, *bo, *mo, *yo, *go;
     conv_geometry g;
     int threads, xzp, yzp;
-    if (!PyArg_ParseTuple(args, "OOOOO(nnnnnnnnnnnnnnnn)iii:qconv2d", &xo, &wo, &bo, &mo, &yo, &g.n, &g.c, &g.h,
-                          &g.w, &g.m, &g.groups, &g.kh, &g.kw, &g.sh, &g.sw, &g.dh, &g.dw, &g.pt, &g.pl, &g.oh,
-                          &g.ow, &xzp, &yzp, &threads))
+    if (!PyArg_ParseTuple(args, "OOOOOOiii:qconv2d", &xo, &wo, &bo, &mo, &yo, &go, &xzp, &yzp, &threads) ||
+        conv_geometry_get(go, &g, "qconv2d") < 0)
         return NULL;
     if (!conv_geometry_ok(&g, "qconv2d"))
         return NULL;

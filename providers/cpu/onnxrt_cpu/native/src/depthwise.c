@@ -62,19 +62,18 @@ PyDoc_STRVAR(depthwise2d_doc,
 "depthwise2d(x, w, b, y, geometry, act, lo, hi, threads)\n\n"
 "Depthwise convolution of x [N, C, H, W] with w [C, kh * kw] and the bias b [C] (or\n"
 "None) into y [N, C, OH, OW], then the activation act (0 none, 1 Relu, 2 Clip to\n"
-"[lo, hi]). geometry is (n, c, h, w, kh, kw, sh, sw, dh, dw, pad_top, pad_left, oh,\n"
-"ow); the pads are at least 0 and the padding value is 0. float32 or float64, all\n"
+"[lo, hi]). geometry is a WindowGeometry (n, c, h, w, kh, kw, sh, sw, dh, dw, pad_top,\n"
+"pad_left, oh, ow); the pads are at least 0 and the padding value is 0. float32 or float64, all\n"
 "alike. Runs on up to threads threads, without the GIL.");
 
 static PyObject *depthwise2d(PyObject *self, PyObject *args)
 {
-    PyObject *xo, *wo, *bo, *yo;
+    PyObject *xo, *wo, *bo, *yo, *go;
     window_geometry g;
     int act, threads;
     double lo, hi;
-    if (!PyArg_ParseTuple(args, "OOOO(nnnnnnnnnnnnnn)iddi:depthwise2d", &xo, &wo, &bo, &yo, &g.n, &g.c, &g.h,
-                          &g.w, &g.kh, &g.kw, &g.sh, &g.sw, &g.dh, &g.dw, &g.pt, &g.pl, &g.oh, &g.ow, &act, &lo,
-                          &hi, &threads))
+    if (!PyArg_ParseTuple(args, "OOOOOiddi:depthwise2d", &xo, &wo, &bo, &yo, &go, &act, &lo, &hi, &threads) ||
+        window_geometry_get(go, &g, "depthwise2d") < 0)
         return NULL;
     if (g.n < 0 || g.c < 1 || g.h < 1 || g.w < 1 || g.kh < 1 || g.kw < 1 || g.sh < 1 || g.sw < 1 || g.dh < 1 ||
         g.dw < 1 || g.pt < 0 || g.pl < 0 || g.oh < 1 || g.ow < 1 || act < ACT_NONE || act > ACT_CLIP) {

@@ -200,6 +200,23 @@ static int direct_execute(direct_job *job, const float *wsrc, int threads)
     return 0;
 }
 
+/* The window and output channels of a ConvGeometry ``go`` the direct kernels take
+ * (group 1), or -1 with the error set naming ``who``. */
+static int direct_geometry_get(PyObject *go, window_geometry *g, Py_ssize_t *m, const char *who)
+{
+    conv_geometry cg;
+    if (conv_geometry_get(go, &cg, who) < 0)
+        return -1;
+    if (cg.groups != 1) {
+        PyErr_Format(PyExc_ValueError, "%s: invalid geometry (groups %zd, the direct kernels take 1)", who, cg.groups);
+        return -1;
+    }
+    *g = (window_geometry){cg.n, cg.c, cg.h, cg.w, cg.kh, cg.kw, cg.sh, cg.sw, cg.dh, cg.dw, cg.pt, cg.pl, cg.oh,
+                           cg.ow};
+    *m = cg.m;
+    return 0;
+}
+
 static int direct_geometry_ok(const window_geometry *g, Py_ssize_t m, const char *who)
 {
     if (g->n < 0 || g->c < 1 || g->h < 1 || g->w < 1 || m < 1 || g->kh < 1 || g->kw < 1 || g->sh < 1 ||
@@ -214,20 +231,19 @@ PyDoc_STRVAR(direct2d_doc,
 "direct2d(x, w, b, z, y, geometry, act, lo, hi, threads)\n\n"
 "Direct convolution of x [N, C, H, W] (float32, group 1) with w [M, C * kh * kw], plus\n"
 "the bias b [M] and the residual z (y's shape), each or None, then the activation act\n"
-"(0 none, 1 Relu, 2 Clip to [lo, hi]), into y [N, M, OH, OW]. geometry is (n, c, h, w,\n"
-"m, kh, kw, sh, sw, dh, dw, pad_top, pad_left, oh, ow), pads at least 0, zero padding.\n"
+"(0 none, 1 Relu, 2 Clip to [lo, hi]), into y [N, M, OH, OW]. geometry is a\n"
+"ConvGeometry of groups 1, pads at least 0, zero padding.\n"
 "Runs on up to threads threads, without the GIL.");
 
 static PyObject *direct2d(PyObject *self, PyObject *args)
 {
-    PyObject *xo, *wo, *bo, *zo, *yo;
+    PyObject *xo, *wo, *bo, *zo, *yo, *go;
     window_geometry g;
     Py_ssize_t m;
     int act, threads;
     double lo, hi;
-    if (!PyArg_ParseTuple(args, "OOOOO(nnnnnnnnnnnnnnn)iddi:direct2d", &xo, &wo, &bo, &zo, &yo, &g.n, &g.c, &g.h,
-                          &g.w, &m, &g.kh, &g.kw, &g.sh, &g.sw, &g.dh, &g.dw, &g.pt, &g.pl, &g.oh, &g.ow, &act, &lo,
-                          &hi, &threads))
+    if (!PyArg_ParseTuple(args, "OOOOOOiddi:direct2d", &xo, &wo, &bo, &zo, &yo, &go, &act, &lo, &hi, &threads) ||
+        direct_geometry_get(go, &g, &m, "direct2d") < 0)
         return NULL;
     if (!direct_geometry_ok(&g, m, "direct2d"))
         return NULL;
@@ -276,13 +292,12 @@ PyDoc_STRVAR(qdirect2d_doc,
 
 static PyObject *qdirect2d(PyObject *self, PyObject *args)
 {
-    PyObject *xo, *wo, *bo, *mo, *yo;
+    PyObject *xo, *wo, *bo, *mo, *yo, *go;
     window_geometry g;
     Py_ssize_t m;
     int threads, xzp, yzp;
-    if (!PyArg_ParseTuple(args, "OOOOO(nnnnnnnnnnnnnnn)iii:qdirect2d", &xo, &wo, &bo, &mo, &yo, &g.n, &g.c, &g.h,
-                          &g.w, &m, &g.kh, &g.kw, &g.sh, &g.sw, &g.dh, &g.dw, &g.pt, &g.pl, &g.oh, &g.ow, &xzp, &yzp,
-                          &threads))
+    if (!PyArg_ParseTuple(args, "OOOOOOiii:qdirect2d", &xo, &wo, &bo, &mo, &yo, &go, &xzp, &yzp, &threads) ||
+        direct_geometry_get(go, &g, &m, "qdirect2d") < 0)
         return NULL;
     if (!direct_geometry_ok(&g, m, "qdirect2d"))
         return NULL;

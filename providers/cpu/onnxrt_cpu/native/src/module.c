@@ -1,10 +1,10 @@
 /* The module ``onnxrt_cpu.native._kernels``: every file's methods in one table. */
 #include "native.h"
 
-static PyMethodDef *const tables[] = {pool_methods, blas_methods, depthwise_methods, conv_methods,
-                                      pool2d_methods, elementwise_methods, qlstm_methods, winograd_methods,
-                                      direct_methods, gqa_methods, rnn_methods, igemm_methods, qconv8_methods,
-                                      nbits8_methods};
+static PyMethodDef *const tables[] = {pool_methods, geometry_methods, blas_methods, depthwise_methods,
+                                      conv_methods, pool2d_methods, elementwise_methods, qlstm_methods,
+                                      winograd_methods, direct_methods, gqa_methods, rnn_methods, igemm_methods,
+                                      qconv8_methods, nbits8_methods};
 
 static PyMethodDef methods[64];
 

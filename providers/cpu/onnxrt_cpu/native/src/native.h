@@ -37,6 +37,24 @@ typedef struct {
     Py_ssize_t n, c, h, w, kh, kw, sh, sw, dh, dw, pt, pl, oh, ow;
 } window_geometry;
 
+/* A 2-D convolution of n images of c channels h x w into m channels oh x ow, in
+ * ``groups`` groups, with a kh x kw kernel, strides, dilations and the pads before
+ * each axis (conv.c, direct.c, winograd.c, qconv8.c). */
+typedef struct {
+    Py_ssize_t n, c, h, w, m, groups, kh, kw, sh, sw, dh, dw, pt, pl, oh, ow;
+} conv_geometry;
+
+/* ---- named geometries (geometry.c) -------------------------------------------- */
+
+/* Python passes a geometry as a named tuple, ``onnxrt_cpu.native.ConvGeometry`` or
+ * ``WindowGeometry``, whose fields are the structs' above in order (the pads named
+ * pad_top and pad_left); ``set_geometry_types`` hands the two types over when the
+ * module is loaded, after checking their field names against these. Each getter
+ * fills the struct, or returns -1 with a TypeError naming ``who`` where ``obj`` is
+ * not of the type (a plain tuple included) or a field is not an integer. */
+int conv_geometry_get(PyObject *obj, conv_geometry *g, const char *who);
+int window_geometry_get(PyObject *obj, window_geometry *g, const char *who);
+
 /* Elements of slack after every phase buffer: a flat pass's last block of four
  * vectors reads and writes past the end, for any element type. */
 #define PHASE_SLACK 128
@@ -120,6 +138,7 @@ int blas_ready(void);
 /* ---- the methods each file adds to the module ---------------------------------- */
 
 extern PyMethodDef pool_methods[];
+extern PyMethodDef geometry_methods[];
 extern PyMethodDef blas_methods[];
 extern PyMethodDef depthwise_methods[];
 extern PyMethodDef conv_methods[];

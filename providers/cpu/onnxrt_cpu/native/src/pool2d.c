@@ -35,19 +35,19 @@ typedef int64_t int_t_f64;
 PyDoc_STRVAR(pool2d_doc,
 "pool2d(x, y, geometry, mode, div, threads)\n\n"
 "MaxPool (mode 0) or AveragePool (mode 1) of x [N, C, H, W] into y [N, C, OH, OW].\n"
-"geometry is (n, c, h, w, kh, kw, sh, sw, dh, dw, pad_top, pad_left, oh, ow); taps\n"
-"outside the input are left out of every window (a window with none gives -inf or\n"
-"0 / div). AveragePool divides by div [OH * OW] (the counts the attributes ask\n"
+"geometry is a WindowGeometry (n, c, h, w, kh, kw, sh, sw, dh, dw, pad_top, pad_left,\n"
+"oh, ow); taps outside the input are left out of every window (a window with none\n"
+"gives -inf or 0 / div). AveragePool divides by div [OH * OW] (the counts the attributes ask\n"
 "for); MaxPool takes None. NaN propagates as in numpy's maximum. float32 or float64,\n"
 "all alike. Runs on up to threads threads, without the GIL.");
 
 static PyObject *pool2d(PyObject *self, PyObject *args)
 {
-    PyObject *xo, *yo, *divo;
+    PyObject *xo, *yo, *divo, *go;
     window_geometry g;
     int mode, threads;
-    if (!PyArg_ParseTuple(args, "OO(nnnnnnnnnnnnnn)iOi:pool2d", &xo, &yo, &g.n, &g.c, &g.h, &g.w, &g.kh, &g.kw,
-                          &g.sh, &g.sw, &g.dh, &g.dw, &g.pt, &g.pl, &g.oh, &g.ow, &mode, &divo, &threads))
+    if (!PyArg_ParseTuple(args, "OOOiOi:pool2d", &xo, &yo, &go, &mode, &divo, &threads) ||
+        window_geometry_get(go, &g, "pool2d") < 0)
         return NULL;
     if (g.n < 0 || g.c < 0 || g.h < 1 || g.w < 1 || g.kh < 1 || g.kw < 1 || g.sh < 1 || g.sw < 1 || g.dh < 1 ||
         g.dw < 1 || g.pt < 0 || g.pl < 0 || g.oh < 0 || g.ow < 0 || (mode != POOL_MAX && mode != POOL_AVERAGE) ||

@@ -366,12 +366,11 @@ PyDoc_STRVAR(qconv8_doc,
 
 static PyObject *qconv8(PyObject *self, PyObject *args)
 {
-    PyObject *xo, *wo, *zo, *bo, *mo, *yo;
-    Py_ssize_t g[16];
+    PyObject *xo, *wo, *zo, *bo, *mo, *yo, *go;
+    conv_geometry g;
     int threads, xzp, yzp;
-    if (!PyArg_ParseTuple(args, "OOOOOO(nnnnnnnnnnnnnnnn)iii:qconv8", &xo, &wo, &zo, &bo, &mo, &yo, &g[0], &g[1],
-                          &g[2], &g[3], &g[4], &g[5], &g[6], &g[7], &g[8], &g[9], &g[10], &g[11], &g[12], &g[13],
-                          &g[14], &g[15], &xzp, &yzp, &threads))
+    if (!PyArg_ParseTuple(args, "OOOOOOOiii:qconv8", &xo, &wo, &zo, &bo, &mo, &yo, &go, &xzp, &yzp, &threads) ||
+        conv_geometry_get(go, &g, "qconv8") < 0)
         return NULL;
     if (!vnni_ready()) {
         PyErr_SetString(PyExc_RuntimeError, "qconv8: this CPU has no AVX-512 VNNI");
@@ -379,8 +378,8 @@ static PyObject *qconv8(PyObject *self, PyObject *args)
     }
     q8_job j;
     memset(&j, 0, sizeof(j));
-    j.n = g[0], j.c = g[1], j.h = g[2], j.w = g[3], j.m = g[4], j.groups = g[5], j.kh = g[6], j.kw = g[7];
-    j.sh = g[8], j.sw = g[9], j.dh = g[10], j.dw = g[11], j.pt = g[12], j.pl = g[13], j.oh = g[14], j.ow = g[15];
+    j.n = g.n, j.c = g.c, j.h = g.h, j.w = g.w, j.m = g.m, j.groups = g.groups, j.kh = g.kh, j.kw = g.kw;
+    j.sh = g.sh, j.sw = g.sw, j.dh = g.dh, j.dw = g.dw, j.pt = g.pt, j.pl = g.pl, j.oh = g.oh, j.ow = g.ow;
     if (j.n < 0 || j.c < 1 || j.h < 1 || j.w < 1 || j.m < 1 || j.groups < 1 || j.c % j.groups || j.m % j.groups ||
         j.kh < 1 || j.kw < 1 || j.sh < 1 || j.sw < 1 || j.dh < 1 || j.dw < 1 || j.pt < 0 || j.pl < 0 || j.oh < 1 ||
         j.ow < 1) {
