@@ -46,7 +46,9 @@ GOOD = {"a": np.ones((2, 3), np.float32), "b": np.ones((2, 5), np.int64), "c": n
         ({"a": np.ones((2, 4), np.float32)}, r"input 'a' has size 4 in dimension 1; the model expects 3"),
         ({"a": np.ones((3, 3), np.float32)}, r"symbolic dimension 'N' is 3 in input 'a' but 2 in input 'b'"),
         ({"c": np.ones(4, np.int64)}, r"symbolic dimension 'K' is 5 in input 'b' but 4 in input 'c'"),
-        ({"a": [[1.0, 2.0, 3.0]] * 2}, r"input 'a' must be a numpy array, got list"),
+        # a list converts to the input's type as onnxruntime converts it; a ragged one cannot
+        ({"a": [[1.0, 2.0, 3.0], [1.0]]}, r"input 'a': the list does not convert to tensor\(float\)"),
+        ({"a": ((1.0, 2.0, 3.0),) * 2}, r"input 'a' must be a numpy array, got tuple"),
         ({"a": "abc"}, r"input 'a' must be a numpy array, got str"),
         ({"a": None, "b": None}, r"missing inputs 'a', 'b'"),
     ],

@@ -10,6 +10,7 @@ of its own domain as the function imports it.
 
 from __future__ import annotations
 
+import functools
 from typing import Callable
 
 import onnx
@@ -18,7 +19,7 @@ from onnx import AttributeProto, FunctionProto, TypeProto
 from ..errors import InvalidGraph
 from .graph import MAX_NESTING, Graph, Node
 
-__all__ = ["schema_function", "inline_node", "expand_functions", "MAX_INLINED_NODES"]
+__all__ = ["schema_function", "inline_node", "expand_functions", "check_function_calls", "MAX_INLINED_NODES"]
 
 #: Inlining that would add more nodes than this to one model is refused with
 #: InvalidGraph: functions that call others several times each grow the graph
@@ -61,6 +62,16 @@ def schema_function(node: Node, input_types: list[TypeProto | None]) -> Function
     if fn is None or not fn.node:
         return None
     return fn
+
+
+@functools.lru_cache(maxsize=None)
+def _may_have_function(op_type: str, domain: str, opset: int) -> bool:
+    """Whether the ONNX schema of an op at an opset defines a function body."""
+    try:
+        schema = onnx.defs.get_schema(op_type, opset, domain)
+    except Exception:  # noqa: BLE001 - no schema: no function
+        return False
+    return bool(schema.has_function or schema.has_context_dependent_function)
 
 
 def inline_node(graph: Graph, node: Node, fn: FunctionProto, default_opsets: dict[str, int],
@@ -219,9 +230,12 @@ def expand_functions(
             fn = None
             key = (node.domain, node.op_type)
             local = local_functions.get(key)
-            if local is not None and not has_kernel(node):
-                fn = local
-            elif not has_kernel(node):
+            if local is not None:
+                if not has_kernel(node):
+                    fn = local
+            elif _may_have_function(node.op_type, node.domain, node.opset) and not has_kernel(node):
+                # only ops whose schema defines a function ask the providers: asking for
+                # every node cost a kernel lookup per node (a second on a 40,000-node chain)
                 fn = schema_function(node, input_types(node))
             if fn is None:
                 new_nodes.append(node)
@@ -261,16 +275,25 @@ def expand_functions(
 
 def _check_expansion(graph: Graph, local_functions: dict[tuple[str, str], FunctionProto],
                      has_kernel: Callable[[Node], bool]) -> None:
+    """:func:`check_function_calls` for the calls in ``graph`` that will be inlined."""
+    if local_functions:
+        check_function_calls(local_functions, (
+            ((node.domain, node.op_type), node.name) for _, node in graph.walk()
+            if (node.domain, node.op_type) in local_functions and not has_kernel(node)))
+
+
+def check_function_calls(local_functions: dict[tuple[str, str], FunctionProto], calls) -> None:
     """Refuse, before inlining anything, local functions that call themselves and
     calls that would expand past :data:`MAX_INLINED_NODES`.
+
+    :param calls: ``((domain, op_type), node name)`` of each call to a local function.
 
     Each function's expanded size is counted once from its body (a call to another
     local function counts that one's size), so a model whose functions call others
     several times is measured in time linear in its functions, not built node by
-    node until the budget runs out.
+    node until the budget runs out (onnx's shape inference, which expands calls the
+    same way, took minutes on such a model before this refused it).
     """
-    if not local_functions:
-        return
     sizes: dict[tuple[str, str], int] = {}
     active: list[tuple[str, str]] = []
 
@@ -292,15 +315,13 @@ def _check_expansion(graph: Graph, local_functions: dict[tuple[str, str], Functi
         return total
 
     total = 0
-    for _, node in graph.walk():
-        key = (node.domain, node.op_type)
-        if key in local_functions and not has_kernel(node):
-            total += size(key)
-            if total > MAX_INLINED_NODES:
-                raise InvalidGraph(
-                    f"node {node.name!r}: inlining the model's functions would add more than "
-                    f"{MAX_INLINED_NODES} nodes (functions that call others many times)"
-                )
+    for key, name in calls:
+        total += size(key)
+        if total > MAX_INLINED_NODES:
+            raise InvalidGraph(
+                f"node {name!r}: inlining the model's functions would add more than "
+                f"{MAX_INLINED_NODES} nodes (functions that call others many times)"
+            )
 
 
 def _names_in_scope(graph: Graph) -> set[str]:

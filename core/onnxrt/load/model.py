@@ -13,6 +13,7 @@ always resolve against the model's own folder, and ``checksum`` is not verified.
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 from pathlib import Path
@@ -22,8 +23,8 @@ import onnx
 from google.protobuf.message import DecodeError
 from onnx import ModelProto, TensorProto
 
-from ..errors import InvalidArgument, InvalidGraph, InvalidProtobuf, NoSuchFile, NotImplemented
-from ..run.limits import check_allocation
+from ..errors import InvalidArgument, InvalidGraph, InvalidProtobuf, NoSuchFile, NotImplemented, OnnxRtError
+from ..run.limits import check_allocation, process_memory_limit
 
 __all__ = ["load_model", "check_versions", "MAX_IR_VERSION", "MAX_OPSETS"]
 
@@ -61,15 +62,9 @@ def load_model(model, *, base_dir: str | os.PathLike | None = None,
         model_dir = Path(base_dir) if base_dir is not None else None
     elif isinstance(model, (str, os.PathLike)):
         path = Path(model)
-        if not path.exists():
-            raise NoSuchFile(f"model file {str(path)!r} does not exist")
-        if not path.is_file():
-            raise InvalidArgument(f"model path {str(path)!r} is not a file")
-        try:
-            data = path.read_bytes()
-        except OSError as e:
-            raise NoSuchFile(f"cannot read model file {str(path)!r}: {e}") from e
+        data = _read_model_file(path)
         proto = _parse(data, str(path))
+        del data
         model_dir = Path(os.path.abspath(path)).parent
         real_dir = path.resolve().parent
     else:
@@ -79,6 +74,8 @@ def load_model(model, *, base_dir: str | os.PathLike | None = None,
     if not proto.HasField("graph"):
         raise InvalidGraph("the model has no graph")
     _check_text(proto, "model")
+    _check_initializer_names(proto.graph, "main graph")
+    _check_function_calls(proto)
     if external_initializers:
         _supply_initializers(proto, external_initializers)
     _load_external_data(proto, model_dir, Path(real_dir) if real_dir is not None else None, external_files or {})
@@ -96,6 +93,92 @@ def _supply_initializers(proto: ModelProto, values: dict) -> None:
             raise InvalidArgument(f"add_external_initializers: the model has no initializer {name!r}")
         a = value.numpy() if hasattr(value, "numpy") else np.asarray(value)
         t.CopyFrom(numpy_helper.from_array(np.asarray(a), name))
+
+
+def _check_function_calls(proto: ModelProto) -> None:
+    """Local functions that call themselves, or calls that would expand past
+    :data:`onnxrt.ir.inline.MAX_INLINED_NODES` nodes, are refused here, before shape
+    inference walks the calls (it expands them too: minutes for functions that each
+    call the next twice, 24 deep)."""
+    if not proto.functions:
+        return
+    from ..ir.inline import check_function_calls
+
+    local = {(("" if f.domain == "ai.onnx" else f.domain), f.name): f for f in proto.functions}
+
+    def calls(graph):
+        for n in graph.node:
+            key = ("" if n.domain == "ai.onnx" else n.domain, n.op_type)
+            if key in local:
+                yield key, n.name or n.op_type
+            for a in n.attribute:
+                if a.HasField("g"):
+                    yield from calls(a.g)
+                for g in a.graphs:
+                    yield from calls(g)
+
+    check_function_calls(local, calls(proto.graph))
+
+
+def _check_initializer_names(graph, where: str) -> None:
+    """No name given twice among a graph's initializers and sparse initializers (at any
+    depth): the session splits large weights from small ones, so a duplicate would
+    silently keep one of them."""
+    seen: set[str] = set()
+    for name in [t.name for t in graph.initializer] + [st.values.name for st in graph.sparse_initializer]:
+        if name in seen:
+            raise InvalidGraph(f"{where} {graph.name!r}: initializer {name!r} is defined twice")
+        seen.add(name)
+    for n in graph.node:
+        for a in n.attribute:
+            if a.HasField("g"):
+                _check_initializer_names(a.g, f"subgraph {a.name!r} of node {n.name or n.op_type!r} in")
+            for g in a.graphs:
+                _check_initializer_names(g, f"subgraph {a.name!r} of node {n.name or n.op_type!r} in")
+
+
+def _read_model_file(path: Path) -> bytes:
+    """The bytes of the model file ``path``; every way the file system refuses is typed."""
+    shown = str(path)[:200] + ("..." if len(str(path)) > 200 else "")
+    try:
+        st = os.stat(path)
+    except ValueError:  # os refuses a NUL byte before asking the system
+        raise InvalidArgument(f"model path {shown!r} contains a NUL byte") from None
+    except FileNotFoundError:
+        raise NoSuchFile(f"model file {shown!r} does not exist") from None
+    except OSError as e:
+        raise _path_error(e, f"model path {shown!r}", NoSuchFile) from None
+    if not stat.S_ISREG(st.st_mode):
+        raise InvalidArgument(f"model path {shown!r} is not a file")
+    limit = process_memory_limit()
+    if limit is not None and st.st_size > limit:
+        # reading it whole could only end in a MemoryError or the kernel killing the process
+        raise InvalidArgument(
+            f"model file {shown!r} is {st.st_size} bytes, more than the {limit} bytes of memory "
+            "this process may use"
+        )
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except MemoryError:
+        raise InvalidArgument(
+            f"model file {shown!r} ({st.st_size} bytes) does not fit in the memory this process may use"
+        ) from None
+    except OSError as e:
+        raise _path_error(e, f"model file {shown!r}", NoSuchFile) from None
+
+
+def _path_error(e: OSError, what: str, default: type) -> Exception:
+    """An ``OSError`` from the file system as an onnxrt error naming ``what``."""
+    if e.errno == errno.ENAMETOOLONG:
+        # the caller's path is an argument; a model's external-data location is the model's
+        kind = InvalidArgument if default is NoSuchFile else default
+        return kind(f"{what} is too long for the file system ({e.strerror})")
+    if e.errno == errno.ENOTDIR:
+        return default(f"{what} goes through something that is not a folder")
+    if e.errno in (errno.ENOENT,):
+        return NoSuchFile(f"{what} does not exist")
+    return default(f"cannot read {what}: {e.strerror or e}")
 
 
 def _parse(data: bytes, where: str) -> ModelProto:
@@ -223,7 +306,10 @@ def _load_external_data(proto: ModelProto, model_dir: Path | None, real_dir: Pat
             length = int(info["length"]) if info.get("length") else None
         except ValueError:
             raise InvalidGraph(f"tensor {t.name!r}: external data offset/length is not an integer") from None
-        size = path.stat().st_size
+        try:
+            size = path.stat().st_size
+        except OSError as e:
+            raise _path_error(e, f"external data {location[:200]!r} of tensor {t.name!r}", InvalidGraph) from None
         if offset < 0 or offset > size:
             raise InvalidGraph(
                 f"tensor {t.name!r}: external data offset {offset} is outside {location!r} ({size} bytes)"
@@ -239,9 +325,12 @@ def _load_external_data(proto: ModelProto, model_dir: Path | None, real_dir: Pat
             check_allocation([length], np.uint8, f"external data of tensor {t.name!r}")
         except InvalidArgument as e:
             raise InvalidGraph(str(e)) from None
-        with open(path, "rb") as f:
-            f.seek(offset)
-            t.raw_data = f.read(length)
+        try:
+            with open(path, "rb") as f:
+                f.seek(offset)
+                t.raw_data = f.read(length)
+        except OSError as e:
+            raise _path_error(e, f"external data {location[:200]!r} of tensor {t.name!r}", InvalidGraph) from None
         t.data_location = TensorProto.DEFAULT
         del t.external_data[:]
 
@@ -262,6 +351,19 @@ def _from_memory(t: TensorProto, info: dict, data: bytes) -> None:
 
 
 def _safe_external_path(model_dir: Path, location: str, tensor: str, real_dir: Path | None = None) -> Path:
+    shown = location[:200] + ("..." if len(location) > 200 else "")
+    if "\0" in location:
+        raise InvalidGraph(f"tensor {tensor!r}: external data location {shown!r} contains a NUL byte")
+    try:
+        return _walk_external_path(model_dir, location, tensor, real_dir)
+    except OnnxRtError:
+        raise  # NoSuchFile is an OSError too
+    except OSError as e:
+        # too long a name (ENAMETOOLONG), a file on the way (w.bin/x: ENOTDIR), ...
+        raise _path_error(e, f"tensor {tensor!r}: external data location {shown!r}", InvalidGraph) from None
+
+
+def _walk_external_path(model_dir: Path, location: str, tensor: str, real_dir: Path | None = None) -> Path:
     loc = Path(location)
     if loc.is_absolute() or location.startswith(("/", "\\")) or (len(location) > 1 and location[1] == ":"):
         raise InvalidGraph(f"tensor {tensor!r}: external data location {location!r} is absolute")

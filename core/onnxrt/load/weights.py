@@ -36,7 +36,7 @@ def load_with_weights(model, session_options=None) -> tuple[ModelProto, Path | N
                 "external_files": getattr(session_options, "_external_files", None) or None}
     if isinstance(model, (str, os.PathLike)):
         path = Path(model)
-        if path.is_file():
+        if _is_file(path):
             split = split_large_weights(path, LARGE_WEIGHT)
             if split is not None:
                 data, weights = split
@@ -46,6 +46,15 @@ def load_with_weights(model, session_options=None) -> tuple[ModelProto, Path | N
                 return proto, model_dir, weights
     proto, model_dir = load_model(model, **supplied)
     return proto, model_dir, {}
+
+
+def _is_file(path: Path) -> bool:
+    """``path.is_file()``, False where the system refuses the path itself (a name too
+    long, a NUL byte): :func:`~onnxrt.load.load_model` then says why, with its type."""
+    try:
+        return path.is_file()
+    except (OSError, ValueError):
+        return False
 
 
 def split_weights(proto: ModelProto) -> tuple[ModelProto, dict[str, np.ndarray]]:

@@ -470,16 +470,34 @@ def _slices(shape, starts, ends, axes, steps) -> tuple:
 # -- broadcasting and repeating -----------------------------------------------------------
 
 
+def _broadcast_exact(a: tuple, b: tuple) -> tuple | None:
+    """The broadcast of shapes ``a`` and ``b`` in Python ints, or None where they do
+    not broadcast: ``np.broadcast_shapes`` refuses a result whose size passes intp
+    ("broadcast dimensions too large"), which hid an over-the-cap request behind a
+    wrong reason."""
+    n = max(len(a), len(b))
+    a = (1,) * (n - len(a)) + tuple(a)
+    b = (1,) * (n - len(b)) + tuple(b)
+    out = []
+    for da, db in zip(a, b):
+        if da == db or db == 1:
+            out.append(da)
+        elif da == 1:
+            out.append(db)
+        else:
+            return None
+    return tuple(out)
+
+
 @op("Expand", since=8)
 class Expand(Kernel):
     """Broadcast the input to ``shape`` (bidirectionally)."""
 
     def run(self, x, shape):
         dims = tuple(_ints(shape))
-        try:
-            out = np.broadcast_shapes(x.shape, dims)
-        except ValueError:
-            raise ValueError(f"Expand: input shape {x.shape} cannot broadcast to {list(dims)}") from None
+        out = _broadcast_exact(x.shape, dims)
+        if out is None:
+            raise ValueError(f"Expand: input shape {x.shape} cannot broadcast to {list(dims)}")
         if out == x.shape:
             return (x.view(),)
         check_allocation(out, x.dtype, "Expand output")
@@ -699,6 +717,9 @@ class Trilu(Kernel):
         if x.ndim < 2:
             raise ValueError(f"Trilu: input must have rank >= 2, got shape {x.shape}")
         kk = 0 if k is None else int(_scalar(k))
+        # numpy takes k as a C long: an int64 k near the limits overflowed; past the
+        # matrix's extent every k keeps the same triangle
+        kk = min(max(kk, -x.shape[-2] - 1), x.shape[-1] + 1)
         f = self.xp.triu if self.upper else self.xp.tril
         return (f(x, kk),)
 
