@@ -200,6 +200,11 @@ class InferenceSession:
         """The groups of nodes providers fused and compiled into one kernel each."""
         return [dict(d) for d in self._built.fused]
 
+    def get_plan_code(self) -> str:
+        """The Python source a run of the main graph executes: one line per step
+        (:attr:`onnxrt.plan.Plan.code`)."""
+        return self._built.plan.code
+
     def get_profiling_start_time_ns(self) -> int:
         """When profiling started, in nanoseconds since the epoch (0 if off)."""
         return self._profiler.start_ns if self._profiler else 0

@@ -502,3 +502,10 @@ def test_threads_running_one_plan_get_their_own_results_and_one_generated_functi
         t.join()
     assert not errors, errors[0]
     assert len(fns) == 1
+
+
+def test_the_session_shows_the_code_of_its_runs():
+    sess = _session(_mlp())
+    code = sess.get_plan_code()
+    assert code == sess._built.plan.code and code.startswith("def run(feeds")
+    assert "feeds.get('x')" in code
