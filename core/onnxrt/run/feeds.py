@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from onnx import TypeProto
+from onnx import TensorProto, TypeProto
 
 from ..dtypes import elem_type_name, np_dtype
 from ..errors import InvalidArgument
@@ -121,24 +121,8 @@ class FeedChecker:
     def _check_one(self, name: str, value: Any, bound: dict) -> Any:
         tp = self.inputs[name]
         kind = tp.WhichOneof("value") if tp is not None else None
-        if kind == "sequence_type":
-            if not isinstance(value, list):
-                raise InvalidArgument(f"input {name!r} expects a sequence (a list of arrays), got {type(value).__name__}")
-            et = tp.sequence_type.elem_type
-            if et.WhichOneof("value") == "tensor_type" and et.tensor_type.elem_type:
-                want = np_dtype(et.tensor_type.elem_type)
-                for i, v in enumerate(value):
-                    if not isinstance(v, np.ndarray):
-                        raise InvalidArgument(f"input {name!r}[{i}] must be a numpy array, got {type(v).__name__}")
-                    if v.dtype != want and not (want == object and v.dtype.kind in "US"):
-                        raise InvalidArgument(f"input {name!r}[{i}] has dtype {v.dtype}; expected {want}")
-            return list(value)
-        if kind == "optional_type":
-            if value is None:
-                return None
-            return value
-        if kind == "map_type":
-            return value
+        if kind in ("sequence_type", "optional_type", "map_type"):
+            return _check_nested(repr(name), tp, value)
         # a tensor (or an input of unknown type)
         if isinstance(value, np.generic):
             value = np.asarray(value)
@@ -158,13 +142,11 @@ class FeedChecker:
                 raise InvalidArgument(
                     f"input {name!r} must be a numpy array, got {type(value).__name__}"
                 )
-        if want is not None and value.dtype != want:
-            if want == object and value.dtype.kind in "US":
-                value = value.astype(object)
-            elif want == object and value.dtype.kind == "V":
-                # np.void elements hold raw bytes: onnxruntime reads each as a UTF-8 string
-                value = np.array([bytes(e).decode("utf-8") for e in value.reshape(-1)],
-                                 dtype=object).reshape(value.shape)
+        if type(value) is not np.ndarray:
+            value = _base_array(repr(name), value)
+        if want is not None and (value.dtype != want or want.kind == "O"):
+            if want.kind == "O":
+                value = _strings(repr(name), value)
             else:
                 raise InvalidArgument(
                     f"input {name!r} has dtype {value.dtype}; the model expects {want} "
@@ -194,6 +176,141 @@ class FeedChecker:
                             f"{got_d} in input {name!r} (dimension {axis})"
                         )
         return value
+
+
+def _base_array(label: str, value: np.ndarray) -> np.ndarray:
+    """A plain ndarray for a subclass: ``np.matrix`` keeps rank 2 through every
+    operation and masked arrays carry a mask kernels know nothing of, so both break
+    kernels or come back as subclasses. A masked array is refused (its mask would be
+    dropped silently); other subclasses are viewed as plain arrays."""
+    if isinstance(value, np.ma.MaskedArray):
+        raise InvalidArgument(
+            f"input {label} is a masked array; its mask would be ignored: pass value.filled(...) "
+            "or np.asarray(value) explicitly"
+        )
+    return value.view(np.ndarray)
+
+
+def _strings(label: str, value: np.ndarray) -> np.ndarray:
+    """A string tensor as an object array of ``str``: numpy ``U`` arrays convert, ``S``
+    arrays and ``bytes`` elements decode as UTF-8, anything else is refused."""
+    kind = value.dtype.kind
+    if kind == "U":
+        return value.astype(object)
+    if kind == "S":
+        try:
+            return np.char.decode(value, "utf-8").astype(object)
+        except UnicodeDecodeError as e:
+            raise InvalidArgument(f"input {label}: its bytes are not UTF-8 text ({e.reason})") from None
+    if kind == "V":
+        # np.void elements hold raw bytes: onnxruntime reads each as a UTF-8 string
+        try:
+            return np.array([bytes(e).decode("utf-8") for e in value.reshape(-1)],
+                            dtype=object).reshape(value.shape)
+        except UnicodeDecodeError as e:
+            raise InvalidArgument(f"input {label}: its bytes are not UTF-8 text ({e.reason})") from None
+    if kind != "O":
+        raise InvalidArgument(f"input {label} has dtype {value.dtype}; the model expects strings (tensor(string))")
+    flat = value.reshape(-1)
+    out = None
+    for i, v in enumerate(flat):
+        if type(v) is str:
+            continue
+        if isinstance(v, (bytes, np.bytes_)):
+            try:
+                text = bytes(v).decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise InvalidArgument(f"input {label}: element {i} is bytes that are not UTF-8 text ({e.reason})") from None
+            if out is None:
+                out = flat.copy()  # feeds are never modified
+            out[i] = text
+        elif isinstance(v, str):
+            if out is None:
+                out = flat.copy()
+            out[i] = str(v)
+        else:
+            raise InvalidArgument(
+                f"input {label}: element {i} is {type(v).__name__} {v!r:.40}; a string tensor holds str only"
+            )
+    return value if out is None else out.reshape(value.shape)
+
+
+def _check_nested(label: str, tp: TypeProto | None, value: Any) -> Any:
+    """Check a value of a sequence, optional or map type, or an element of one, against
+    ``tp``; returns it with tensors normalized (plain arrays, strings as ``str``)."""
+    kind = tp.WhichOneof("value") if tp is not None else None
+    if kind == "optional_type":
+        if value is None:
+            return None
+        inner = tp.optional_type.elem_type
+        return _check_nested(label, inner if inner.WhichOneof("value") else None, value)
+    if kind == "sequence_type":
+        if not isinstance(value, list):
+            raise InvalidArgument(f"input {label} expects a sequence (a list of arrays), got {type(value).__name__}")
+        et = tp.sequence_type.elem_type
+        et = et if et.WhichOneof("value") else None
+        return [_check_nested(f"{label}[{i}]", et, v) for i, v in enumerate(value)]
+    if kind == "map_type":
+        if not isinstance(value, dict):
+            raise InvalidArgument(f"input {label} expects a map (a dict), got {type(value).__name__}")
+        key_t = tp.map_type.key_type
+        vt = tp.map_type.value_type
+        want_key = str if key_t == TensorProto.STRING else int
+        out = {}
+        for k, v in value.items():
+            if isinstance(k, np.generic):
+                k = k.item()
+            if want_key is int and (isinstance(k, bool) or not isinstance(k, int)):
+                raise InvalidArgument(
+                    f"input {label}: key {k!r:.40} is {type(k).__name__}; the map's keys are "
+                    f"{elem_type_name(key_t)}"
+                )
+            if want_key is str and not isinstance(k, str):
+                raise InvalidArgument(f"input {label}: key {k!r:.40} is {type(k).__name__}; the map's keys are strings")
+            out[k] = _map_value(f"{label}[{k!r:.40}]", vt, v)
+        return out
+    if kind == "tensor_type":
+        if not isinstance(value, np.ndarray):
+            if isinstance(value, np.generic):
+                value = np.asarray(value)
+            else:
+                raise InvalidArgument(f"input {label} must be a numpy array, got {type(value).__name__}")
+        if type(value) is not np.ndarray:
+            value = _base_array(label, value)
+        et = tp.tensor_type.elem_type
+        if et:
+            want = np_dtype(et)
+            if want == object:
+                return _strings(label, value)
+            if value.dtype != want:
+                raise InvalidArgument(f"input {label} has dtype {value.dtype}; expected {want} ({type_to_string(tp)})")
+        return value
+    if isinstance(value, np.ndarray) and type(value) is not np.ndarray:
+        return _base_array(label, value)
+    return value
+
+
+def _map_value(label: str, vt: TypeProto, v: Any) -> Any:
+    """A map's value: a number (or string) for a tensor value type, as onnxruntime
+    takes ``map(int64, float)``; checked against the element type."""
+    if vt.WhichOneof("value") != "tensor_type" or not vt.tensor_type.elem_type:
+        return _check_nested(label, vt if vt.WhichOneof("value") else None, v)
+    want = np_dtype(vt.tensor_type.elem_type)
+    if isinstance(v, np.ndarray):
+        return _check_nested(label, vt, v)
+    if want == object:
+        if not isinstance(v, str):
+            raise InvalidArgument(f"input {label} is {type(v).__name__}; the map's values are strings")
+        return v
+    if isinstance(v, (bool, np.bool_)) and want.kind != "b":
+        raise InvalidArgument(f"input {label} is a bool; the map's values are {want}")
+    if want.kind == "f" and isinstance(v, (int, float, np.integer, np.floating)):
+        return v
+    if want.kind in "iu" and isinstance(v, (int, np.integer)):
+        return v
+    if want.kind == "b" and isinstance(v, (bool, np.bool_)):
+        return v
+    raise InvalidArgument(f"input {label} is {type(v).__name__} {v!r:.40}; the map's values are {want}")
 
 
 def _fmt_shape(shape: list) -> str:
