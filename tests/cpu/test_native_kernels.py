@@ -3,10 +3,9 @@
 - They are built and loaded wherever the test environment was installed (a missing
   build is a failure here unless ``ONNXRT_CPU_NATIVE=0`` turns them off), with
   numpy's BLAS handed over.
-- Convolutions (plain, grouped, depthwise; 1-D and 2-D; strides, dilations,
-  asymmetric pads; bias constant, fed or absent; FusedConv's residual and
-  activations; float32 and float64; 1 to 3 threads) give what the numpy paths give
-  and what onnxruntime gives.
+- Pooling, activations, normalizations, attention and the 8-bit helpers give what
+  the numpy paths give and what onnxruntime gives (the convolutions' own
+  specification is ``test_conv.py``).
 - The thread pool runs every chunk exactly once, from one caller or from many at
   once, and in a forked child.
 - Bad arguments raise typed errors naming the argument, never crash.
@@ -14,7 +13,6 @@
 
 from __future__ import annotations
 
-import collections
 import multiprocessing
 import os
 import threading
@@ -22,17 +20,13 @@ import time
 
 import numpy as np
 import pytest
-import onnx
 from onnx import TensorProto, helper, numpy_helper
-from onnx.reference import ReferenceEvaluator
 
 import onnxrt as ort
 from onnxrt_cpu import native
-from tests.ort_oracle import int8_weight_range
+from tests.cpu.conv_cases import GEOMETRIES, Counting, conv_model, needs_native, run
 
 rt = pytest.importorskip("onnxruntime")
-
-needs_native = pytest.mark.skipif(native.K is None, reason=f"compiled kernels not loaded: {native.status()['reason']}")
 
 
 def test_the_compiled_kernels_are_built_and_multiply_through_numpys_blas():
@@ -42,243 +36,6 @@ def test_the_compiled_kernels_are_built_and_multiply_through_numpys_blas():
     assert st["loaded"], st["reason"]
     assert st["blas"], st["blas_reason"]
     assert native.K is not None and native.BLAS
-
-
-def _conv_model(x_shape, w_shape, *, group=1, strides=None, pads=None, dilations=None, bias="constant",
-                act=None, residual=False, dtype=np.float32, seed=0):
-    """A Conv, optionally + a residual input ``z`` and an activation node, which the
-    optimizer fuses into FusedConv at ORT_ENABLE_ALL."""
-    rng = np.random.default_rng(seed)
-    et = TensorProto.FLOAT if dtype == np.float32 else TensorProto.DOUBLE
-    fan_in = int(np.prod(w_shape[1:]))
-    inits = [numpy_helper.from_array((rng.standard_normal(w_shape) / np.sqrt(fan_in)).astype(dtype), "w")]
-    inputs = [helper.make_tensor_value_info("x", et, list(x_shape))]
-    conv_in = ["x", "w"]
-    if bias == "constant":
-        inits.append(numpy_helper.from_array(rng.standard_normal(w_shape[0]).astype(dtype), "b"))
-        conv_in.append("b")
-    elif bias == "input":
-        inputs.append(helper.make_tensor_value_info("b", et, [w_shape[0]]))
-        conv_in.append("b")
-    attrs = {"group": group}
-    for k, v in (("strides", strides), ("pads", pads), ("dilations", dilations)):
-        if v is not None:
-            attrs[k] = list(v)
-    nodes = [helper.make_node("Conv", conv_in, ["c"], **attrs)]
-    last = "c"
-    if residual:
-        inputs.append(helper.make_tensor_value_info("z", et, None))
-        nodes.append(helper.make_node("Add", [last, "z"], ["s"]))
-        last = "s"
-    if act == "Relu":
-        nodes.append(helper.make_node("Relu", [last], ["y"]))
-    elif act == "Clip":
-        inits += [numpy_helper.from_array(np.array(0, dtype), "lo"), numpy_helper.from_array(np.array(6, dtype), "hi")]
-        nodes.append(helper.make_node("Clip", [last, "lo", "hi"], ["y"]))
-    elif act == "LeakyRelu":
-        nodes.append(helper.make_node("LeakyRelu", [last], ["y"], alpha=0.1))
-    else:
-        nodes.append(helper.make_node("Identity", [last], ["y"]))
-    graph = helper.make_graph(nodes, "g", inputs, [helper.make_tensor_value_info("y", et, None)], inits)
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8).SerializeToString()
-
-
-def _run(model, feeds, threads, level=ort.GraphOptimizationLevel.ORT_ENABLE_ALL):
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = threads
-    so.graph_optimization_level = level
-    return ort.InferenceSession(model, so, providers=["CPUExecutionProvider"]).run(None, feeds)[0]
-
-
-def _feeds(model, x_shape, w_shape, bias, residual, dtype, seed=1):
-    rng = np.random.default_rng(seed)
-    feeds = {"x": rng.standard_normal(x_shape).astype(dtype)}
-    if bias == "input":
-        feeds["b"] = rng.standard_normal(w_shape[0]).astype(dtype)
-    if residual:
-        out = ReferenceEvaluator(_conv_model(x_shape, w_shape, **residual)).run(None, {
-            k: v for k, v in feeds.items() if k != "z"})[0]
-        feeds["z"] = rng.standard_normal(out.shape).astype(dtype)
-    return feeds
-
-
-# (input shape, weight shape, attributes): every kind of layer the compiled kernels take
-GEOMETRIES = [
-    # 1x1 products on the input itself, one image and a batch
-    ((1, 16, 28, 28), (40, 16, 1, 1), {}),
-    ((3, 8, 9, 11), (12, 8, 1, 1), {}),
-    # 1x1 with a stride or padding: gathered like any kernel
-    ((1, 8, 15, 15), (16, 8, 1, 1), {"strides": (2, 2)}),
-    ((1, 4, 6, 6), (6, 4, 1, 1), {"pads": (1, 0, 0, 1)}),
-    # 3x3 and 5x5, same and valid padding, strides 1-3, dilations
-    ((1, 8, 20, 17), (16, 8, 3, 3), {"pads": (1, 1, 1, 1)}),
-    ((2, 3, 33, 30), (8, 3, 5, 5), {"strides": (2, 2), "pads": (2, 2, 2, 2)}),
-    ((1, 6, 19, 23), (10, 6, 3, 3), {"strides": (3, 2), "pads": (0, 1, 2, 0)}),
-    ((1, 5, 21, 21), (7, 5, 3, 3), {"dilations": (2, 3), "pads": (2, 3, 2, 3)}),
-    ((1, 4, 10, 10), (4, 4, 3, 2), {}),
-    # small maps with many channels: the rows mode when several threads run
-    ((1, 128, 7, 7), (96, 128, 3, 3), {"pads": (1, 1, 1, 1)}),
-    ((1, 256, 7, 7), (320, 256, 1, 1), {}),
-    # grouped
-    ((1, 12, 14, 14), (24, 3, 3, 3), {"group": 4, "pads": (1, 1, 1, 1)}),
-    ((2, 16, 9, 9), (16, 8, 1, 1), {"group": 2}),
-    # depthwise: flat (large maps) and channels last (small), strides and dilations
-    ((1, 32, 40, 40), (32, 1, 3, 3), {"group": 32, "pads": (1, 1, 1, 1)}),
-    ((1, 24, 41, 39), (24, 1, 3, 3), {"group": 24, "strides": (2, 2), "pads": (1, 1, 1, 1)}),
-    ((2, 40, 14, 14), (40, 1, 3, 3), {"group": 40, "pads": (1, 1, 1, 1)}),
-    ((1, 37, 7, 9), (37, 1, 5, 5), {"group": 37, "pads": (2, 2, 2, 2)}),
-    ((1, 20, 16, 16), (20, 1, 3, 3), {"group": 20, "strides": (2, 2), "dilations": (2, 2), "pads": (2, 0, 1, 2)}),
-    ((1, 18, 30, 31), (18, 1, 7, 3), {"group": 18, "strides": (3, 1), "pads": (3, 1, 3, 1)}),
-    # the direct kernel (short reductions, maps of 400 outputs and more): strides,
-    # dilations, asymmetric pads, a few output channels or many inputs, 1-D
-    ((1, 3, 64, 64), (8, 3, 5, 5), {"strides": (2, 2), "pads": (2, 2, 2, 2)}),
-    ((1, 8, 40, 37), (16, 8, 3, 3), {"pads": (1, 0, 2, 1)}),
-    ((2, 6, 50, 45), (10, 6, 3, 3), {"strides": (2, 1), "dilations": (1, 2), "pads": (0, 2, 1, 2)}),
-    ((1, 24, 24, 24), (40, 24, 3, 3), {"pads": (1, 1, 1, 1)}),
-    ((2, 8, 500), (12, 8, 3), {"pads": (1, 1)}),
-    # reductions past the direct kernel's: im2col, strided and dilated
-    ((1, 48, 20, 20), (40, 48, 3, 3), {"strides": (2, 2), "pads": (1, 1, 1, 1)}),
-    ((1, 40, 18, 18), (24, 40, 3, 3), {"dilations": (2, 2), "pads": (2, 2, 2, 2)}),
-    # 3x3, stride 1, 64 x 64 channels and more, maps of 12 and more: Winograd's F(2x2, 3x3)
-    ((1, 64, 14, 14), (64, 64, 3, 3), {"pads": (1, 1, 1, 1)}),
-    ((2, 64, 17, 13), (96, 64, 3, 3), {"pads": (0, 1, 2, 0)}),
-    ((1, 80, 30, 31), (64, 80, 3, 3), {}),
-    ((3, 64, 12, 12), (72, 64, 3, 3), {"pads": (1, 1, 1, 1)}),  # tile rows split over images
-    # 1-D
-    ((2, 8, 50), (12, 8, 3), {"pads": (1, 1)}),
-    ((1, 6, 31), (6, 1, 5), {"group": 6, "strides": (2,), "pads": (2, 1)}),
-]
-
-
-def _gid(g):
-    x, w, a = g
-    return "x" + "x".join(map(str, x)) + "-w" + "x".join(map(str, w)) + "".join(f"-{k}{''.join(map(str, v)) if isinstance(v, tuple) else v}" for k, v in a.items())
-
-
-def _expected_kernel(x_shape, w_shape, attrs) -> str:
-    """The compiled function a float32 convolution of these shapes goes to (the rules
-    of onnxrt_cpu.conv: depthwise, Winograd, direct, im2col)."""
-    group, kernel = attrs.get("group", 1), tuple(w_shape[2:])
-    m, c = w_shape[:2]
-    if group == x_shape[1] and c == 1:
-        return "depthwise2d"
-    pads = attrs.get("pads", (0,) * 4)
-    if kernel == (3, 3) and group == 1 and "strides" not in attrs and "dilations" not in attrs \
-            and m * c >= 64 * 64 and min(x_shape[2] + pads[0] + pads[2], x_shape[3] + pads[1] + pads[3]) - 2 >= 12:
-        return "winograd3x3"
-    return "direct2d" if _takes_direct(x_shape, w_shape, attrs) else "conv2d"
-
-
-def _out_positions(x_shape, w_shape, attrs) -> int:
-    nd = len(x_shape) - 2
-    pads = attrs.get("pads", (0,) * 2 * nd)
-    strides = attrs.get("strides", (1,) * nd)
-    dil = attrs.get("dilations", (1,) * nd)
-    return int(np.prod([(x_shape[2 + a] + pads[a] + pads[a + nd] - dil[a] * (w_shape[2 + a] - 1) - 1) // strides[a] + 1
-                        for a in range(nd)]))
-
-
-def _takes_direct(x_shape, w_shape, attrs) -> bool:
-    """Whether a convolution (float or QLinearConv) goes to the direct kernel."""
-    m, c = w_shape[:2]
-    taps = int(np.prod(w_shape[2:]))
-    return attrs.get("group", 1) == 1 and taps > 1 and c * taps <= 300 and (m <= 16 or c >= 8) \
-        and _out_positions(x_shape, w_shape, attrs) >= 400
-
-
-class _Counting:
-    """The compiled module with a count of the calls of each of its functions."""
-
-    def __init__(self, module):
-        self.module = module
-        self.calls = collections.Counter()
-
-    def __getattr__(self, name):
-        fn = getattr(self.module, name)
-
-        def counted(*args):
-            self.calls[name] += 1
-            return fn(*args)
-
-        return counted
-
-
-@needs_native
-@pytest.mark.parametrize("threads", [1, 2, 3])
-@pytest.mark.parametrize("geometry", GEOMETRIES, ids=[_gid(g) for g in GEOMETRIES])
-def test_convolutions_match_the_numpy_paths_and_onnxruntime(geometry, threads, request, monkeypatch):
-    x_shape, w_shape, attrs = geometry
-    model = _conv_model(x_shape, w_shape, **attrs)
-    feeds = _feeds(model, x_shape, w_shape, "constant", False, np.float32)
-    counting = _Counting(native.K)
-    monkeypatch.setattr(native, "K", counting)
-    got = _run(model, feeds, threads)
-    assert counting.calls == {_expected_kernel(x_shape, w_shape, attrs): 1}
-    want = rt.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, feeds)[0]
-    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
-    request.getfixturevalue("numpy_kernels")
-    numpy_path = _run(model, feeds, threads)
-    np.testing.assert_allclose(got, numpy_path, rtol=1e-5, atol=1e-5)
-
-
-# (bias, activation, residual): FusedConv's variants and a Conv fed its bias
-VARIANTS = [
-    ("constant", "Relu", False),
-    ("constant", "Clip", False),
-    ("constant", "LeakyRelu", False),
-    ("input", None, False),
-    (None, "Clip", False),
-    ("constant", "Relu", True),
-    (None, None, True),
-]
-
-
-@needs_native
-@pytest.mark.parametrize("bias, act, residual", VARIANTS)
-@pytest.mark.parametrize("geometry", [GEOMETRIES[0], GEOMETRIES[20], GEOMETRIES[9], GEOMETRIES[13], GEOMETRIES[15],
-                                      GEOMETRIES[27], GEOMETRIES[4]],
-                         ids=["1x1", "direct", "rows", "depthwise", "depthwise-last", "winograd", "im2col"])
-def test_bias_residual_and_activations_match_onnxruntime(geometry, bias, act, residual):
-    x_shape, w_shape, attrs = geometry
-    kw = dict(bias=bias, act=act, residual=residual, **attrs)
-    model = _conv_model(x_shape, w_shape, **kw)
-    feeds = _feeds(model, x_shape, w_shape, bias, dict(bias=bias, **attrs) if residual else False, np.float32)
-    want = rt.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, feeds)[0]
-    for threads in (1, 2):
-        got = _run(model, feeds, threads)
-        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
-    if act is not None:
-        assert (want < 0).any() == (act == "LeakyRelu")  # the activation did something
-
-
-@needs_native
-@pytest.mark.parametrize("geometry", [GEOMETRIES[1], GEOMETRIES[5], GEOMETRIES[11], GEOMETRIES[14], GEOMETRIES[16]],
-                         ids=["1x1-batch", "5x5-s2", "grouped", "depthwise-s2", "depthwise-last-5x5"])
-def test_float64_matches_the_reference_evaluator(geometry):
-    x_shape, w_shape, attrs = geometry
-    model = _conv_model(x_shape, w_shape, dtype=np.float64, act="Relu", **attrs)
-    feeds = _feeds(model, x_shape, w_shape, "constant", False, np.float64)
-    want = ReferenceEvaluator(model).run(None, feeds)[0]
-    for threads in (1, 2):
-        got = _run(model, feeds, threads)
-        assert got.dtype == np.float64
-        np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
-
-
-@needs_native
-def test_nan_and_infinity_pass_through_as_in_numpy():
-    """Relu and Clip keep NaN (numpy's maximum and clip do), infinities clip."""
-    x_shape, w_shape = (1, 4, 6, 6), (4, 1, 3, 3)
-    for act in ("Relu", "Clip"):
-        model = _conv_model(x_shape, w_shape, group=4, pads=(1, 1, 1, 1), act=act)
-        x = np.random.default_rng(0).standard_normal(x_shape).astype(np.float32)
-        x[0, 0, 2, 2] = np.nan
-        x[0, 1, 3, 3] = np.inf
-        x[0, 2, 1, 1] = -np.inf
-        want = rt.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
-        got = _run(model, {"x": x}, 1)
-        np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
-        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
 @needs_native
@@ -310,7 +67,7 @@ def test_the_pool_serves_many_callers_at_once():
 @needs_native
 def test_sessions_on_many_threads_at_once_give_the_same_results():
     x_shape, w_shape, attrs = GEOMETRIES[4]
-    model = _conv_model(x_shape, w_shape, act="Relu", **attrs)
+    model = conv_model(x_shape, w_shape, act="Relu", **attrs)
     so = ort.SessionOptions()
     so.intra_op_num_threads = 2
     sess = ort.InferenceSession(model, so, providers=["CPUExecutionProvider"])
@@ -417,14 +174,14 @@ POOLS = [
 def test_pools_match_the_numpy_paths_and_onnxruntime(op, x_shape, attrs, threads, request, monkeypatch):
     model = _pool_model(op, x_shape, **attrs)
     x = np.random.default_rng(5).standard_normal(x_shape).astype(np.float32)
-    counting = _Counting(native.K)
+    counting = Counting(native.K)
     monkeypatch.setattr(native, "K", counting)
-    got = _run(model, {"x": x}, threads)
+    got = run(model, {"x": x}, threads)
     assert counting.calls == {"pool2d": 1}
     want = rt.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
     np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
     request.getfixturevalue("numpy_kernels")
-    np.testing.assert_allclose(got, _run(model, {"x": x}, threads), rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(got, run(model, {"x": x}, threads), rtol=1e-6, atol=1e-6)
 
 
 @needs_native
@@ -436,12 +193,12 @@ def test_max_pooling_propagates_nan_and_keeps_infinities():
     x[0, 0, 3, 3] = np.nan
     x[0, 1] = -np.inf
     x[0, 2, 5, 6] = np.inf
-    got = _run(model, {"x": x}, 1)
+    got = run(model, {"x": x}, 1)
     assert np.isnan(got[0, 0, 1:3, 1:3]).all() and np.isnan(got[0, 0]).sum() == 4
     assert (got[0, 1] == -np.inf).all()
     assert got[0, 2, 3, 3] == np.inf and got[0, 2, 2, 3] == np.inf and np.isinf(got[0, 2]).sum() == 2
     assert not np.isnan(got[0, 1:]).any()
-    np.testing.assert_array_equal(got, _run(model, {"x": x}, 2))
+    np.testing.assert_array_equal(got, run(model, {"x": x}, 2))
 
 
 @needs_native
@@ -449,7 +206,7 @@ def test_pool_workers_sleep_as_soon_as_no_run_is_in_progress():
     """Between the kernels of a run the workers spin (set_spin: far longer than this
     test waits); when the run ends they go to sleep at once."""
     x_shape, w_shape, attrs = GEOMETRIES[4]
-    model = _conv_model(x_shape, w_shape, **attrs)
+    model = conv_model(x_shape, w_shape, **attrs)
     so = ort.SessionOptions()
     so.intra_op_num_threads = 2
     sess = ort.InferenceSession(model, so, providers=["CPUExecutionProvider"])
@@ -516,9 +273,9 @@ def test_activations_match_the_numpy_paths_to_a_few_ulp(op, domain, attrs, formu
     shape = (3, 50, 700)  # several chunks of the pool
     x = _extremes(shape)
     model = _unary_model(op, shape, domain=domain, **attrs)
-    counting = _Counting(native.K)
+    counting = Counting(native.K)
     monkeypatch.setattr(native, "K", counting)
-    got = _run(model, {"x": x}, threads)
+    got = run(model, {"x": x}, threads)
     assert counting.calls == {"unary": 1}
     with np.errstate(all="ignore"):
         exact = (formula or _gelu64)(x.astype(np.float64)).astype(np.float32)
@@ -536,14 +293,14 @@ def test_activations_match_the_numpy_paths_to_a_few_ulp(op, domain, attrs, formu
         # subnormal (the compiled exp flushes none, the divisions round there)
         assert (err <= np.maximum(4 * spacing, 1e-37)).all(), float((err / spacing).max())
     request.getfixturevalue("numpy_kernels")
-    numpy_path = _run(model, {"x": x}, threads)
+    numpy_path = run(model, {"x": x}, threads)
     # Gelu: numpy's tanh and the compiled one (through exp) each within a few ulp of 1
     np.testing.assert_allclose(got, numpy_path, rtol=1e-6, atol=1e-37 if formula else 1e-6)
 
 
 @needs_native
 def test_small_and_non_float32_activations_stay_on_the_numpy_paths(monkeypatch):
-    counting = _Counting(native.K)
+    counting = Counting(native.K)
     monkeypatch.setattr(native, "K", counting)
     small = np.linspace(-5, 5, native.UNARY_MIN - 1, dtype=np.float32)
     assert native.unary(small, native.SIGMOID) is None
@@ -575,9 +332,9 @@ def _bn_model(shape, dtype, seed=0):
 def test_batch_normalization_matches_the_numpy_path_and_onnxruntime(shape, dtype, request, monkeypatch):
     model = _bn_model(shape, dtype)
     x = np.random.default_rng(1).standard_normal(shape).astype(dtype)
-    counting = _Counting(native.K)
+    counting = Counting(native.K)
     monkeypatch.setattr(native, "K", counting)
-    got = [_run(model, {"x": x}, t, ort.GraphOptimizationLevel.ORT_DISABLE_ALL) for t in (1, 2)]
+    got = [run(model, {"x": x}, t, ort.GraphOptimizationLevel.ORT_DISABLE_ALL) for t in (1, 2)]
     assert counting.calls == {"channel_affine": 2}
     tol = 1e-5 if dtype == np.float32 else 1e-12
     want = rt.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
@@ -587,7 +344,7 @@ def test_batch_normalization_matches_the_numpy_path_and_onnxruntime(shape, dtype
     # the compiled x * a + s is one fused multiply-add, numpy's two roundings: one ulp apart
     request.getfixturevalue("numpy_kernels")
     ulp = np.finfo(dtype).eps
-    np.testing.assert_allclose(got[0], _run(model, {"x": x}, 1, ort.GraphOptimizationLevel.ORT_DISABLE_ALL),
+    np.testing.assert_allclose(got[0], run(model, {"x": x}, 1, ort.GraphOptimizationLevel.ORT_DISABLE_ALL),
                                rtol=2 * ulp, atol=2 * ulp)
 
 
@@ -606,9 +363,9 @@ def test_onnxrt_cpu_native_0_runs_the_numpy_paths_and_says_so():
     code = (
         "import numpy as np, onnxrt\n"
         "from onnxrt_cpu import native\n"
-        "from tests.cpu.test_native_kernels import _conv_model, GEOMETRIES\n"
+        "from tests.cpu.conv_cases import GEOMETRIES, conv_model\n"
         "x_shape, w_shape, attrs = GEOMETRIES[13]\n"
-        "m = _conv_model(x_shape, w_shape, act='Relu', **attrs)\n"
+        "m = conv_model(x_shape, w_shape, act='Relu', **attrs)\n"
         "x = np.random.default_rng(0).standard_normal(x_shape).astype(np.float32)\n"
         "y = onnxrt.InferenceSession(m, providers=['cpu']).run(None, {'x': x})[0]\n"
         "np.save(__import__('sys').argv[1], y)\n"
@@ -626,60 +383,10 @@ def test_onnxrt_cpu_native_0_runs_the_numpy_paths_and_says_so():
         assert r.returncode == 0, r.stderr
         assert r.stdout.strip() == "True numpy kernels only: compiled kernels turned off by ONNXRT_CPU_NATIVE=0"
         x_shape, w_shape, attrs = GEOMETRIES[13]
-        model = _conv_model(x_shape, w_shape, act="Relu", **attrs)
+        model = conv_model(x_shape, w_shape, act="Relu", **attrs)
         x = np.random.default_rng(0).standard_normal(x_shape).astype(np.float32)
         want = rt.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
         np.testing.assert_allclose(np.load(out), want, rtol=1e-5, atol=1e-5)
-
-
-@needs_native
-def test_the_geometry_is_a_named_type_whose_fields_the_kernels_check():
-    """The kernels take their geometry as ConvGeometry or WindowGeometry only: a plain
-    tuple of the same integers, the other type or a field that is not an integer is a
-    TypeError naming the kernel; set_geometry_types refuses types whose fields are not
-    the kernels' (the module then keeps the types it has)."""
-    k = native.K
-    x = np.ones((1, 2, 4, 4), np.float32)
-    w = np.ones((4, 18), np.float32)
-    y = np.empty((1, 4, 4, 4), np.float32)
-    conv = native.ConvGeometry(n=1, c=2, h=4, w=4, m=4, groups=1, kh=3, kw=3, sh=1, sw=1, dh=1, dw=1, pad_top=1,
-                               pad_left=1, oh=4, ow=4)
-    k.conv2d(x, w, None, None, y, conv, 0, 0.0, 0.0, 1)
-    np.testing.assert_array_equal(y[0, :, 1:3, 1:3], np.full((4, 2, 2), 18.0, np.float32))
-    with pytest.raises(TypeError, match="conv2d: geometry must be a ConvGeometry, not tuple"):
-        k.conv2d(x, w, None, None, y, tuple(conv), 0, 0.0, 0.0, 1)
-    with pytest.raises(TypeError, match="depthwise2d: geometry must be a WindowGeometry, not ConvGeometry"):
-        k.depthwise2d(x, w[:2, :9], None, y[:, :2], conv, 0, 0.0, 0.0, 1)
-    with pytest.raises(TypeError, match="pool2d: geometry field kh must be an integer"):
-        k.pool2d(x, y[:, :2], conv.window()._replace(kh=3.0), 0, None, 1)
-    with pytest.raises(ValueError, match="direct2d: invalid geometry \\(groups 2"):
-        k.direct2d(x, w, None, None, y, conv._replace(groups=2), 0, 0.0, 0.0, 1)
-    with pytest.raises(ValueError, match="winograd3x3: invalid geometry"):
-        k.winograd3x3(x, np.ones((16, 4, 2), np.float32), None, None, y, conv._replace(sh=2), 0, 0.0, 0.0, 1)
-    Shuffled = collections.namedtuple("Shuffled", ("c", "n") + native.ConvGeometry._fields[2:])
-    with pytest.raises(TypeError, match="conv's fields are not the kernels'"):
-        k.set_geometry_types(Shuffled, native.WindowGeometry)
-    with pytest.raises(TypeError, match="window must be a named tuple type"):
-        k.set_geometry_types(native.ConvGeometry, dict)
-    k.conv2d(x, w, None, None, y, conv, 0, 0.0, 0.0, 1)  # the module kept its types
-
-
-@needs_native
-def test_a_huge_kernel_is_refused_before_allocating_and_the_numpy_path_takes_it(monkeypatch):
-    """A kernel of 1100 x 1100 taps over a 64 x 64 output would need 310 MB of gathered
-    columns per tile: the compiled kernel refuses with MemoryError before allocating,
-    and the convolution falls back to the numpy path, which gathers in bounded bands."""
-    x = np.zeros((1, 1, 1163, 1163), np.float32)
-    w = np.zeros((1, 1100 * 1100), np.float32)
-    y = np.empty((1, 1, 64, 64), np.float32)
-    with pytest.raises(MemoryError, match="gathered columns exceed"):
-        geometry = native.ConvGeometry(n=1, c=1, h=1163, w=1163, m=1, groups=1, kh=1100, kw=1100, sh=1, sw=1, dh=1,
-                                       dw=1, pad_top=0, pad_left=0, oh=64, ow=64)
-        native.K.conv2d(x, w, None, None, y, geometry, 0, 0.0, 0.0, 1)
-    from onnxrt_cpu.conv import compiled, packing
-
-    wp = packing.ConvWeights(w.reshape(1, 1, 1100, 1100), 1, np.dtype(np.float32))
-    assert not compiled.conv_native(x, wp, (1, 1), (1, 1), (0, 0), (0, 0), (64, 64), y, 0, None, None, None)
 
 
 @needs_native
@@ -696,234 +403,16 @@ def test_bias_gelu_adds_its_bias_in_the_same_pass(threads, request, monkeypatch)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
                                                     helper.make_opsetid("com.microsoft", 1)],
                               ir_version=8).SerializeToString()
-    counting = _Counting(native.K)
+    counting = Counting(native.K)
     monkeypatch.setattr(native, "K", counting)
-    got = _run(model, {"x": x, "b": b}, threads)
+    got = run(model, {"x": x, "b": b}, threads)
     assert counting.calls == {"unary": 1}
     exact = _gelu64(x.astype(np.float64) + b)
     np.testing.assert_allclose(got, exact, rtol=0, atol=5.7e-7 * 12 / 2 + 1e-6)
     want = rt.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, {"x": x, "b": b})[0]
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
     request.getfixturevalue("numpy_kernels")
-    np.testing.assert_allclose(got, _run(model, {"x": x, "b": b}, threads), rtol=1e-6, atol=1e-6)
-
-
-def _qconv_model(x_shape, w, *, x_type, y_type, w_scale, bias, xz, yz, **attrs):
-    et = {np.uint8: TensorProto.UINT8, np.int8: TensorProto.INT8}
-    inits = [numpy_helper.from_array(v, n) for n, v in (
-        ("xs", np.array(0.05, np.float32)), ("xz", np.array(xz, x_type)), ("w", w),
-        ("ws", np.asarray(w_scale, np.float32)), ("wz", np.zeros(np.asarray(w_scale).shape, np.int8)),
-        ("ys", np.array(0.07, np.float32)), ("yz", np.array(yz, y_type)))]
-    ins = ["x", "xs", "xz", "w", "ws", "wz", "ys", "yz"]
-    if bias is not None:
-        inits.append(numpy_helper.from_array(bias, "b"))
-        ins.append("b")
-    graph = helper.make_graph([helper.make_node("QLinearConv", ins, ["y"], **attrs)], "g",
-                              [helper.make_tensor_value_info("x", et[x_type], list(x_shape))],
-                              [helper.make_tensor_value_info("y", et[y_type], None)], inits)
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8).SerializeToString()
-
-
-# (input shape, weight shape, attributes, input type, output type, per-channel scales, bias)
-QCONVS = [
-    ((8, 3, 32, 32), (16, 3, 7, 7), {"strides": [2, 2], "pads": [3, 3, 3, 3]}, np.uint8, np.uint8, False, True),
-    ((2, 3, 64, 64), (16, 3, 7, 7), {"strides": [2, 2], "pads": [3, 3, 3, 3]}, np.uint8, np.uint8, True, True),
-    ((2, 16, 14, 14), (32, 16, 3, 3), {"pads": [1, 1, 1, 1]}, np.int8, np.int8, True, True),
-    ((2, 16, 24, 24), (32, 16, 3, 3), {"pads": [1, 1, 1, 1]}, np.int8, np.uint8, False, True),
-    ((3, 8, 800), (10, 8, 5), {"pads": [2, 2], "strides": [2]}, np.int8, np.int8, True, False),
-    ((1, 24, 9, 9), (40, 24, 1, 1), {}, np.uint8, np.int8, True, False),
-    ((1, 64, 7, 7), (96, 64, 3, 3), {"pads": [1, 1, 1, 1]}, np.uint8, np.uint8, False, True),  # rows mode
-    ((2, 12, 10, 11), (12, 3, 3, 3), {"group": 4, "pads": [0, 1, 2, 1], "dilations": [2, 1]}, np.int8, np.uint8,
-     True, True),
-    ((3, 8, 40), (10, 8, 5), {"pads": [2, 2], "strides": [2]}, np.uint8, np.uint8, False, True),
-]
-
-
-@needs_native
-@pytest.mark.parametrize("threads", [1, 2])
-@pytest.mark.parametrize("case", QCONVS, ids=[f"q{i}" for i in range(len(QCONVS))])
-def test_qlinear_conv_matches_onnxruntime_and_the_numpy_path_exactly(case, threads, request, monkeypatch):
-    """Bit for bit: the products are exact integers in float32 and the requantization is
-    onnxruntime's (the weights keep within [-64, 63] where onnxruntime's own u8 x s8
-    products may saturate in pairs, tests/ort_oracle.py). Mixed input and output types,
-    which onnxruntime does not implement, against the numpy path alone."""
-    x_shape, w_shape, attrs, x_type, y_type, per_channel, with_bias = case
-    rng = np.random.default_rng(11)
-    lo, hi = int8_weight_range() if x_type == np.uint8 else (-128, 128)
-    w = rng.integers(lo, hi, w_shape).astype(np.int8)
-    m = w_shape[0]
-    scale = (rng.random(m) * 0.02 + 0.005) if per_channel else 0.01
-    bias = rng.integers(-5000, 5000, m).astype(np.int32) if with_bias else None
-    info = np.iinfo(x_type)
-    xz = (info.max + info.min + 1) // 2 + 3
-    yz = 7 if y_type == np.int8 else 120
-    model = _qconv_model(x_shape, w, x_type=x_type, y_type=y_type, w_scale=scale, bias=bias, xz=xz, yz=yz, **attrs)
-    x = rng.integers(info.min, info.max + 1, x_shape).astype(x_type)
-    counting = _Counting(native.K)
-    monkeypatch.setattr(native, "K", counting)
-    got = _run(model, {"x": x}, threads, ort.GraphOptimizationLevel.ORT_DISABLE_ALL)
-    want_kernel = "qconv8" if native.K.igemm_ready() else \
-        "qdirect2d" if _takes_direct(x_shape, w_shape, attrs) else "qconv2d"
-    calls = {k: v for k, v in counting.calls.items() if not k.endswith("_ready")}  # (the packing asks)
-    assert calls == {want_kernel: 1} and got.dtype == y_type
-    if x_type == y_type:  # onnxruntime implements no mixed 8-bit types here
-        want = rt.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
-        np.testing.assert_array_equal(got, want)
-    assert len(np.unique(got)) > 20  # neither saturated nor constant
-    request.getfixturevalue("numpy_kernels")
-    np.testing.assert_array_equal(got, _run(model, {"x": x}, threads, ort.GraphOptimizationLevel.ORT_DISABLE_ALL))
-
-
-def _qconv_reference(x, xz, w, wz, bias, mult, yz, y_type, group, kernel, strides, dil, pads):
-    """QLinearConv in int64 (numpy), requantized in float32 as onnxruntime does."""
-    n, c, h, wd = x.shape
-    m = w.shape[0]
-    cg, mg = c // group, m // group
-    xp = np.pad(x.astype(np.int64) - xz, ((0, 0), (0, 0), (pads[0], pads[2]), (pads[1], pads[3])))
-    oh = (h + pads[0] + pads[2] - dil[0] * (kernel[0] - 1) - 1) // strides[0] + 1
-    ow = (wd + pads[1] + pads[3] - dil[1] * (kernel[1] - 1) - 1) // strides[1] + 1
-    wc = w.astype(np.int64) - np.asarray(wz, np.int64).reshape(-1, 1, 1, 1)
-    acc = np.zeros((n, m, oh, ow), np.int64)
-    for gi in range(group):
-        for ky in range(kernel[0]):
-            for kx in range(kernel[1]):
-                taps = xp[:, gi * cg:(gi + 1) * cg, ky * dil[0]:ky * dil[0] + strides[0] * (oh - 1) + 1:strides[0],
-                          kx * dil[1]:kx * dil[1] + strides[1] * (ow - 1) + 1:strides[1]]
-                acc[:, gi * mg:(gi + 1) * mg] += np.einsum("mc,nchw->nmhw", wc[gi * mg:(gi + 1) * mg, :, ky, kx], taps)
-    v = acc.astype(np.float32)
-    if bias is not None:
-        v += bias.reshape(1, -1, 1, 1)
-    v *= np.broadcast_to(mult, (m,)).reshape(1, -1, 1, 1)
-    info = np.iinfo(y_type)
-    return np.clip(np.rint(v) + yz, info.min, info.max).astype(y_type)
-
-
-@needs_native
-@pytest.mark.skipif(native.K is None or not native.K.igemm_ready(), reason="no AVX-512 VNNI here")
-@pytest.mark.parametrize("threads", [1, 2, 3])
-def test_qconv8_is_exact_for_every_geometry_and_type(threads):
-    """The 8-bit products against int64 arithmetic and against qconv2d (float32
-    products): both bit for bit, over strides, dilations, asymmetric pads, groups,
-    channel counts that are not whole blocks of 8, maps that are not whole tiles of 32,
-    reductions that are not whole groups of 4, int8 and uint8 inputs, outputs and
-    weights, per-channel weight zero points (the positions' sums), and maps smaller
-    than the kernel's reach into the padding."""
-    rng = np.random.default_rng(21 + threads)
-    cases = [  # x shape, m, group, kernel, strides, dilations, pads (top, left, bottom, right)
-        ((2, 3, 17, 19), 13, 1, (3, 3), (1, 1), (1, 1), (1, 1, 1, 1)),
-        ((1, 5, 9, 40), 9, 1, (1, 7), (1, 3), (1, 1), (0, 3, 0, 2)),
-        ((3, 8, 6, 6), 16, 2, (3, 3), (2, 2), (2, 1), (2, 1, 0, 3)),
-        ((2, 16, 4, 4), 24, 1, (3, 3), (1, 1), (1, 1), (1, 1, 1, 1)),
-        ((1, 2, 70, 70), 3, 1, (5, 5), (2, 2), (1, 1), (2, 2, 2, 2)),
-        ((2, 6, 3, 3), 6, 3, (5, 5), (1, 1), (1, 1), (2, 2, 2, 2)),
-        ((1, 32, 12, 12), 40, 1, (1, 1), (1, 1), (1, 1), (0, 0, 0, 0)),
-        ((4, 4, 11, 13), 8, 4, (3, 2), (3, 2), (1, 2), (1, 0, 2, 1)),
-    ]
-    for x_shape, m, group, kernel, strides, dil, pads in cases:
-        for x_type, w_type, y_type in [(np.uint8, np.int8, np.uint8), (np.int8, np.uint8, np.int8),
-                                       (np.uint8, np.uint8, np.int8), (np.int8, np.int8, np.uint8)]:
-            n, c, h, wd = x_shape
-            xi, wi = np.iinfo(x_type), np.iinfo(w_type)
-            x = rng.integers(xi.min, xi.max + 1, x_shape).astype(x_type)
-            w = rng.integers(wi.min, wi.max + 1, (m, c // group, *kernel)).astype(w_type)
-            xz = int(rng.integers(xi.min, xi.max + 1))
-            wz = rng.integers(wi.min, wi.max + 1, m).astype(w_type)
-            bias = rng.integers(-3000, 3000, m).astype(np.float32) if m % 2 else None
-            k = c // group * kernel[0] * kernel[1]
-            # outputs spread over tens of levels: sums of k products of about 100 x 100
-            mult = ((rng.random(m if c % 2 else 1) + 0.5) * 40 / (np.sqrt(k) * 1e4)).astype(np.float32)
-            yz = 5 if y_type == np.int8 else 131
-            oh = (h + pads[0] + pads[2] - dil[0] * (kernel[0] - 1) - 1) // strides[0] + 1
-            ow = (wd + pads[1] + pads[3] - dil[1] * (kernel[1] - 1) - 1) // strides[1] + 1
-            geometry = native.ConvGeometry(n=n, c=c, h=h, w=wd, m=m, groups=group, kh=kernel[0], kw=kernel[1],
-                                           sh=strides[0], sw=strides[1], dh=dil[0], dw=dil[1], pad_top=pads[0],
-                                           pad_left=pads[1], oh=oh, ow=ow)
-            w8, zw = native.pack_conv_int8(w, wz)
-            y = np.empty((n, m, oh, ow), y_type)
-            native.K.qconv8(x, w8, zw, bias, mult, y, geometry, xz, yz, threads)
-            want = _qconv_reference(x, xz, w, wz, bias, mult, yz, y_type, group, kernel, strides, dil, pads)
-            label = f"{x_shape} m={m} g={group} k={kernel} s={strides} d={dil} p={pads} {x_type.__name__} " \
-                    f"{w_type.__name__} {y_type.__name__}"
-            np.testing.assert_array_equal(y, want, err_msg=label)
-            assert len(np.unique(y)) > 10, label  # neither saturated nor constant
-            y2 = np.empty_like(y)
-            centred = (w.astype(np.float32) - wz.astype(np.float32).reshape(-1, 1, 1, 1)).reshape(m, -1)
-            native.K.qconv2d(x, centred, bias, mult, y2, geometry, xz, yz, threads)
-            np.testing.assert_array_equal(y, y2, err_msg=label)
-
-
-@needs_native
-@pytest.mark.skipif(native.K is None or not native.K.igemm_ready(), reason="no AVX-512 VNNI here")
-def test_qconv8_refuses_what_it_cannot_take():
-    x = np.zeros((1, 4, 5, 5), np.uint8)
-    w8, zw = native.pack_conv_int8(np.ones((8, 4, 3, 3), np.int8))
-    y = np.empty((1, 8, 3, 3), np.uint8)
-    mult = np.ones(1, np.float32)
-    geometry = native.ConvGeometry(n=1, c=4, h=5, w=5, m=8, groups=1, kh=3, kw=3, sh=1, sw=1, dh=1, dw=1, pad_top=0,
-                                   pad_left=0, oh=3, ow=3)
-    with pytest.raises(ValueError, match="invalid geometry"):
-        native.K.qconv8(x, w8, zw, None, mult, y, geometry._replace(m=0), 0, 0, 1)
-    with pytest.raises(ValueError, match="qconv8: y holds 24 elements, at least 72"):
-        native.K.qconv8(x, w8, zw, None, mult, y[:, :, :, :1].copy(), geometry, 0, 0, 1)
-    with pytest.raises(ValueError, match="mult holds 2 values"):
-        native.K.qconv8(x, w8, zw, None, np.ones(2, np.float32), y, geometry, 0, 0, 1)
-    with pytest.raises(ValueError, match="x_zero_point -3 outside"):
-        native.K.qconv8(x, w8, zw, None, mult, y, geometry, -3, 0, 1)
-    with pytest.raises(TypeError, match="qconv8: w8"):
-        native.K.qconv8(x, w8.astype(np.int16), zw, None, mult, y, geometry, 0, 0, 1)
-    assert native.pack_conv_int8(np.ones((8, 4, 3, 3), np.int16)) is None
-    assert native.pack_conv_int8(np.ones((2, native.INT8_MAX_K + 1, 1, 1), np.int8)) is None
-    assert native.pack_conv_int8(np.ones((8, 4, 3, 3), np.int8), np.zeros(3, np.int8)) is None
-    assert native.pack_conv_int8(np.ones((8, 4, 3, 3), np.int8), np.zeros(8, np.uint8)) is None
-
-
-@needs_native
-def test_qlinear_conv_with_a_fed_scale_follows_each_runs_value():
-    """The scale ratio is kept from run to run only for the session's constants: a fed
-    scale, even the same array object changed in place, is read anew on every run."""
-    rng = np.random.default_rng(3)
-    w = rng.integers(-60, 60, (8, 4, 3, 3)).astype(np.int8)
-    model = _qconv_model((1, 4, 6, 6), w, x_type=np.uint8, y_type=np.uint8, w_scale=0.01, bias=None, xz=128,
-                         yz=128, pads=[1, 1, 1, 1])
-    m = onnx.load_from_string(model)
-    init = next(i for i in m.graph.initializer if i.name == "xs")
-    m.graph.initializer.remove(init)
-    m.graph.input.append(helper.make_tensor_value_info("xs", TensorProto.FLOAT, []))
-    sess = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
-    ref = rt.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
-    x = rng.integers(0, 256, (1, 4, 6, 6)).astype(np.uint8)
-    xs = np.array(0.05, np.float32)
-    first = sess.run(None, {"x": x, "xs": xs})[0]
-    np.testing.assert_array_equal(first, ref.run(None, {"x": x, "xs": xs})[0])
-    xs[...] = 0.01  # the same array, another value
-    second = sess.run(None, {"x": x, "xs": xs})[0]
-    np.testing.assert_array_equal(second, ref.run(None, {"x": x, "xs": xs})[0])
-    assert not np.array_equal(first, second)
-
-
-@needs_native
-def test_qlinear_conv_past_the_exact_bound_takes_the_numpy_path(monkeypatch):
-    """58 channels of 3x3 weights of 127 on inputs of 255 reach 16.9M, past float32's
-    exact integers (2**24 = 16.8M): the compiled kernel is not used, and the result is
-    still exact."""
-    c, m = 58, 4
-    w = np.full((m, c, 3, 3), 127, np.int8)
-    model = _qconv_model((1, c, 6, 6), w, x_type=np.uint8, y_type=np.uint8, w_scale=0.001, bias=None, xz=0, yz=0,
-                         pads=[1, 1, 1, 1])
-    x = np.full((1, c, 6, 6), 255, np.uint8)
-    x[0, :, 0] = 3
-    counting = _Counting(native.K)
-    monkeypatch.setattr(native, "K", counting)
-    got = _run(model, {"x": x}, 1, ort.GraphOptimizationLevel.ORT_DISABLE_ALL)
-    assert not {"qconv2d", "qconv8"} & set(counting.calls)
-    acc = np.zeros((m, 6, 6), np.int64)
-    xp = np.pad(x[0].astype(np.int64), ((0, 0), (1, 1), (1, 1)))
-    for ky in range(3):
-        for kx in range(3):
-            acc += np.einsum("mc,chw->mhw", w[:, :, ky, kx].astype(np.int64), xp[:, ky:ky + 6, kx:kx + 6])
-    mult = np.float32(0.05) * np.float32(0.001) / np.float32(0.07)
-    want = np.clip(np.rint(acc.astype(np.float32) * mult), 0, 255).astype(np.uint8)
-    np.testing.assert_array_equal(got[0], want)
+    np.testing.assert_allclose(got, run(model, {"x": x, "b": b}, threads), rtol=1e-6, atol=1e-6)
 
 
 # (attributes, extra inputs, batch, query length, heads, kv heads, head size, past, lengths, first prompt)
@@ -952,7 +441,7 @@ def test_group_query_attention_matches_the_numpy_path_and_onnxruntime(case, pack
     model = G._model(feeds, dict(attrs, num_heads=n, kv_num_heads=nkv))
     given = {k: v for k, v in feeds.items() if v is not None}
     for threads in (1, 2):
-        counting = _Counting(native.K)
+        counting = Counting(native.K)
         monkeypatch.setattr(native, "K", counting)
         got = _run_all(model, given, threads)
         assert counting.calls == {"gqa": 1}
@@ -980,7 +469,7 @@ def _norm_model(node, feeds, shape, out_names, inits) -> bytes:
 
 def _count_row_norms(model, feeds, monkeypatch):
     """The model's outputs at 1 and 2 threads, each run one call of the compiled row_norm."""
-    counting = _Counting(native.K)
+    counting = Counting(native.K)
     monkeypatch.setattr(native, "K", counting)
     got = [_run_all(model, feeds, t) for t in (1, 2)]
     assert counting.calls == {"row_norm": 2}

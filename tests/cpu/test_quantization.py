@@ -343,7 +343,7 @@ def test_integer_conv_accumulator_past_2_24_with_constant_weights(op, pads):
 
 @pytest.mark.parametrize("kernel", [1, 3])
 @pytest.mark.parametrize("fits", [True, False])
-@pytest.mark.usefixtures("numpy_kernels")  # the numpy path's bias row; the compiled one: test_native_kernels
+@pytest.mark.usefixtures("numpy_kernels")  # the numpy path's bias row; the compiled one: test_conv
 def test_qlinear_conv_bias_in_the_product_up_to_the_exact_bound(kernel, fits, monkeypatch):
     """A batch's QLinearConv carries a bias in its float32 product (one more weight row
     times a column of ones) only while every partial sum, bias included, stays below
