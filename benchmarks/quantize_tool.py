@@ -15,7 +15,8 @@ error of the output against float32 on 32 test inputs, calibrated on 64 others):
    int8 and float16 models (onnxruntime at its default level and at
    ``ORT_ENABLE_BASIC``, which leaves out its QDQ node-unit rewrites);
 3. the time each tool takes to quantize (the two alternate, median of ``--rounds``);
-4. onnxrt's latency of the int8 models against the float32 one (batch 32; the
+4. onnxrt's latency of the int8 models (per-channel weights, and QDQ with per-tensor
+   weights too) against the float32 one (batch 32; the
    sessions alternate run by run; the lowest of ``--rounds`` medians of ``--repeat``
    runs), plus a larger encoder
    (dim 128, sequence 64, feed-forward 512), and of the QDQ model onnxruntime's tool
@@ -226,8 +227,9 @@ def main(argv=None) -> int:
     speed = [(n, s, c, f) for n, s, c, f, _ in work]
     speed.append(("encoder-128", big_src, _batches("x", encoder_data(32, 1, seq=64, dim=128), 8),
                   {"x": encoder_data(32, 2, seq=64, dim=128)}))
-    print("| model | float32 | int8 QDQ | int8 QOperator | int8 dynamic | float16 | int8 QDQ by onnxruntime's tool |")
-    print("|---|---|---|---|---|---|---|")
+    print("| model | float32 | int8 QDQ | int8 QDQ, per-tensor weights | int8 QOperator | int8 dynamic | float16 "
+          "| int8 QDQ by onnxruntime's tool |")
+    print("|---|---|---|---|---|---|---|---|")
     for name, src, cal, feeds in speed:
         sess = {"float32": _onnxrt(src, args.threads)}
         for fmt in ("QDQ", "QOperator", "dynamic"):
@@ -235,6 +237,12 @@ def main(argv=None) -> int:
             if m is None:
                 m = _quantize_ours(src, cal, fmt, "MinMax")
             sess[fmt] = _onnxrt(m, args.threads)
+        from onnxrt import quantization as q
+
+        # per-tensor weights: onnxrt's QDQ fusion turns every MatMul into QLinearMatMul
+        # (per-column weights it leaves in float)
+        sess["QDQ per tensor"] = _onnxrt(q.quantize_static(src, None, q.NumpyDataReader(cal), show_progress=False).model,
+                                         args.threads)
         sess["float16"] = _onnxrt(convert_float_to_float16(src, keep_io_types=True), args.threads)
         # the QDQ model onnxruntime's tool writes, on onnxrt: the same layout, so about the same speed
         sess["QDQ (onnxruntime's tool)"] = _onnxrt(_quantize_ort(src, cal, "QDQ", "MinMax", tmp), args.threads)
@@ -244,7 +252,7 @@ def main(argv=None) -> int:
         lat = {k: min(r[k] for r in rounds) for k in sess}
         base = lat["float32"]
         cells = [f"{lat['float32']:.3f}"] + [f"{lat[k]:.3f} ({lat[k] / base:.2f}x)"
-                                            for k in ("QDQ", "QOperator", "dynamic", "float16",
+                                            for k in ("QDQ", "QDQ per tensor", "QOperator", "dynamic", "float16",
                                                       "QDQ (onnxruntime's tool)")]
         print(f"| {name} | " + " | ".join(cells) + " |")
         results["latency"].append({"model": name, **lat})
