@@ -1,12 +1,15 @@
 """Per-node overhead of the executor, side by side with onnxruntime.
 
-    python benchmarks/overhead.py [--nodes 1000] [--runs 30]
+    python benchmarks/overhead.py [--nodes 1000] [--runs 30] [--numpy]
 
 A chain of ``--nodes`` cheap nodes on a one-element tensor spends almost all its time
-outside the arithmetic: in the run loop, the kernel call and the array wrapper. The
+outside the arithmetic: in the executor, the kernel call and the array wrapper. The
 time per node of such a chain is the overhead a node adds to any model. Both runtimes
 run the same chains in this process, at ``ORT_DISABLE_ALL`` (so nothing folds the
 chain away) and one thread, alternating runs so that outside load falls on both alike.
+``--numpy`` adds a third column, alternating with the two: the same chain written out
+as straight-line Python calling numpy (``v1 = np.negative(v0)``...), the floor of what
+any executor calling numpy can reach.
 """
 
 from __future__ import annotations
@@ -45,8 +48,29 @@ def chain_model(op: str, n: int):
     return m.SerializeToString()
 
 
-def measure(n: int, runs: int) -> list[tuple[str, float, float]]:
-    """(op, onnxrt µs/node, onnxruntime µs/node) for every chain."""
+#: op -> the numpy expression of one node of the chain (``{p}``: the previous value)
+NUMPY = {
+    "Relu": "np.maximum({p}, zero)",
+    "Neg": "np.negative({p})",
+    "Add": "np.add({p}, x)",
+    "Mul": "np.multiply({p}, x)",
+    "Reshape": "{p}.reshape(dims)",
+}
+
+
+def numpy_chain(op: str, n: int):
+    """The chain of ``n`` ``op`` nodes as one straight-line Python function of ``x``."""
+    lines = ["def chain(x):", "    v0 = x"]
+    for i in range(1, n + 1):
+        lines += [f"    v{i} = {NUMPY[op].format(p=f'v{i - 1}')}", f"    del v{i - 1}"]
+    lines.append(f"    return [v{n}]")
+    ns = {"np": np, "zero": np.zeros((), np.float32), "dims": (1,)}
+    exec("\n".join(lines), ns)  # noqa: S102 - the benchmark's own source
+    return ns["chain"]
+
+
+def measure(n: int, runs: int, with_numpy: bool = False) -> list[tuple]:
+    """(op, onnxrt µs/node, onnxruntime µs/node[, numpy µs/node]) for every chain."""
     rows = []
     feeds = {"x": np.ones(1, np.float32)}
     for op in CHAINS:
@@ -59,17 +83,20 @@ def measure(n: int, runs: int) -> list[tuple[str, float, float]]:
         rso.graph_optimization_level = rt.GraphOptimizationLevel.ORT_DISABLE_ALL
         rso.intra_op_num_threads = 1
         theirs = rt.InferenceSession(model, rso, providers=["CPUExecutionProvider"])
-        times: dict[str, list[float]] = {"onnxrt": [], "onnxruntime": []}
+        runners = {"onnxrt": lambda: ours.run(None, feeds), "onnxruntime": lambda: theirs.run(None, feeds)}
+        if with_numpy:
+            chain, x = numpy_chain(op, n), feeds["x"]
+            runners["numpy"] = lambda: chain(x)
+        times: dict[str, list[float]] = {name: [] for name in runners}
         for _ in range(3):
-            ours.run(None, feeds)
-            theirs.run(None, feeds)
+            for run in runners.values():
+                run()
         for _ in range(runs):
-            for name, sess in (("onnxrt", ours), ("onnxruntime", theirs)):
+            for name, run in runners.items():
                 t = time.perf_counter()
-                sess.run(None, feeds)
+                run()
                 times[name].append(time.perf_counter() - t)
-        rows.append((op, statistics.median(times["onnxrt"]) / n * 1e6,
-                     statistics.median(times["onnxruntime"]) / n * 1e6))
+        rows.append((op, *(statistics.median(times[name]) / n * 1e6 for name in runners)))
     return rows
 
 
@@ -78,11 +105,14 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--nodes", type=int, default=1000)
     p.add_argument("--runs", type=int, default=30)
+    p.add_argument("--numpy", action="store_true", help="also time the chain as straight-line numpy calls")
     args = p.parse_args(argv)
-    print(f"| op chain ({args.nodes} nodes, 1 element) | onnxrt µs/node | onnxruntime µs/node | ratio |")
-    print("|---|---:|---:|---:|")
-    for op, ours, theirs in measure(args.nodes, args.runs):
-        print(f"| {op} | {ours:.2f} | {theirs:.2f} | {ours / theirs:.1f}x |")
+    extra = " numpy µs/node |" if args.numpy else ""
+    print(f"| op chain ({args.nodes} nodes, 1 element) | onnxrt µs/node | onnxruntime µs/node | ratio |{extra}")
+    print("|---|---:|---:|---:|" + ("---:|" if args.numpy else ""))
+    for op, ours, theirs, *floor in measure(args.nodes, args.runs, args.numpy):
+        tail = f" {floor[0]:.2f} |" if floor else ""
+        print(f"| {op} | {ours:.2f} | {theirs:.2f} | {ours / theirs:.2f}x |{tail}")
     return 0
 
 
