@@ -28,7 +28,7 @@ from onnxrt_cpu import native, parallel
 from onnxrt_cpu.conv import bands, buffers, channels_last, forward, packing, phases
 from tests.cpu.conv_cases import GEOMETRIES, Counting, conv_feeds, conv_model, make_model, needs_native, run, \
     small_conv_model
-from tests.ort_oracle import int8_weight_range
+from tests.ort_oracle import int8_weight_range, u8s8_pairs_saturate
 
 rt = pytest.importorskip("onnxruntime")
 
@@ -176,6 +176,7 @@ def test_the_split_holds_every_padded_column_in_its_phase(shape, pb, pe):
     for b in range(2):
         count = len(range(b, wp, 2))
         np.testing.assert_array_equal(q[:, :, :, b, :count], padded[..., b::2])
+
 
 # -- Stride phases (strided layers with few channels) ----------------------------------------------------------------
 
@@ -363,6 +364,7 @@ def test_patch_embeddings_take_one_strided_gather_not_the_phases(monkeypatch, x_
     got, want = _run_both(model, {"x": x})
     assert not calls
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
 
 # -- Every numpy lowering (pointwise, bands, row pitch, grouped, depthwise, channels last, 1-D and 3-D) --------------
 
@@ -638,6 +640,7 @@ def test_conv_without_constant_weight_matches_onnxruntime():
     want = rt.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, feeds)[0]
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
 
+
 # -- Grouped and depthwise convolutions of small maps ----------------------------------------------------------------
 
 
@@ -677,6 +680,7 @@ def test_grouped_small_maps_match_onnxruntime(monkeypatch, x_shape, w_shape, gro
     assert calls, "the grouped path did not run"
     assert got.shape == exp.shape
     np.testing.assert_allclose(got, exp, rtol=1e-4, atol=1e-4)
+
 
 # -- The compiled kernels: im2col tiles, the direct kernel, Winograd's F(2x2, 3x3), depthwise ------------------------
 
@@ -793,6 +797,7 @@ def test_nan_and_infinity_pass_through_as_in_numpy():
         got = run(model, {"x": x}, 1)
         np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
 
 # -- Integer convolutions (ConvInteger, QLinearConv): channels-last rows, exact accumulation, 8-bit kernels ----------
 
@@ -1185,6 +1190,175 @@ def test_qlinear_conv_past_the_exact_bound_takes_the_numpy_path(monkeypatch):
     mult = np.float32(0.05) * np.float32(0.001) / np.float32(0.07)
     want = np.clip(np.rint(acc.astype(np.float32) * mult), 0, 255).astype(np.uint8)
     np.testing.assert_array_equal(got[0], want)
+
+
+def _exact_conv(x, w, pad):
+    """The convolution of integer ``x`` ``[N, C, H, W]`` and ``w`` ``[M, C, k, k]``
+    (stride 1, ``pad`` on every side) in int64: the exact accumulator."""
+    k = w.shape[-1]
+    windows = np.lib.stride_tricks.sliding_window_view(
+        np.pad(x.astype(np.int64), ((0, 0), (0, 0), (pad, pad), (pad, pad))), (k, k), axis=(2, 3))
+    return np.einsum("ncyxij,mcij->nmyx", windows, w.astype(np.int64))
+
+
+def test_qlinear_conv_is_exact_at_the_extremes():
+    # 64 channels x 5x5 taps x 255 x 255 > 2**24: the accumulator needs exact sums
+    x = np.full((1, 64, 8, 8), 255, np.uint8)
+    x[0, :, ::2] = 0
+    w = np.full((2, 64, 5, 5), 127, np.int8)
+    w[1] = -128
+    inits = [
+        numpy_helper.from_array(np.array(1.0, np.float32), "xs"),
+        numpy_helper.from_array(np.array(0, np.uint8), "xz"),
+        numpy_helper.from_array(w, "w"),
+        numpy_helper.from_array(np.array(1.0, np.float32), "ws"),
+        numpy_helper.from_array(np.array(0, np.int8), "wz"),
+        numpy_helper.from_array(np.array(2.0**20, np.float32), "ys"),
+        numpy_helper.from_array(np.array(128, np.uint8), "yz"),
+    ]
+    node = helper.make_node(
+        "QLinearConv",
+        ["x", "xs", "xz", "w", "ws", "wz", "ys", "yz"],
+        ["y"],
+        pads=[2] * 4,
+    )
+    graph = helper.make_graph(
+        [node],
+        "qc",
+        [helper.make_tensor_value_info("x", TensorProto.UINT8, [1, 64, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.UINT8, None)],
+        inits,
+    )
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=10
+    )
+    got = ort.InferenceSession(
+        model.SerializeToString(), providers=["CPUExecutionProvider"]
+    ).run(None, {"x": x})[0]
+    # the exact int32 accumulator in numpy, then onnxruntime's float32 requantization
+    acc = _exact_conv(x, w, 2)
+    want = np.clip(np.rint(acc.astype(np.int32).astype(np.float32) * np.float32(2.0**-20)) + 128, 0, 255)
+    np.testing.assert_array_equal(got, want.astype(np.uint8))
+    assert len(np.unique(got)) > 3  # neither all saturated nor constant
+    if not u8s8_pairs_saturate():  # tests/ort_oracle.py: else onnxruntime saturates here
+        exp = rt.InferenceSession(
+            model.SerializeToString(), providers=["CPUExecutionProvider"]
+        ).run(None, {"x": x})[0]
+        np.testing.assert_array_equal(got, exp)
+
+
+@pytest.mark.parametrize("op", ["ConvInteger", "QLinearConv"])
+@pytest.mark.parametrize("pads", [0, 1])
+def test_integer_conv_accumulator_past_2_24_with_constant_weights(op, pads):
+    """A 1x1 convolution whose accumulator is 2**24 + 1, with constant weights (the
+    channels-last path): float32 cannot hold it, so ConvInteger must still return it
+    exactly, and QLinearConv must add its bias to it before the one rounding to float,
+    as onnxruntime does (acc + 1 = 2**24 + 2 scaled to 0.5000001 rounds to 1, where
+    float32(acc) + 1 would give 0.5, rounded to 0)."""
+    k = 259
+    x = np.full((1, k, 1, 1), 255, np.uint8)
+    x[0, -1] = 13
+    w = np.full((1, k, 1, 1), 255, np.uint8)
+    w[0, -1] = 59  # 258 * 255 * 255 + 13 * 59 = 2**24 + 1
+    if op == "ConvInteger":
+        names, inits = ["x", "w"], [numpy_helper.from_array(w, "w")]
+        out_type = TensorProto.INT32
+    else:
+        names = ["x", "xs", "xz", "w", "ws", "wz", "ys", "yz", "b"]
+        inits = [numpy_helper.from_array(v, n) for n, v in (
+            ("xs", np.array(1, np.float32)), ("xz", np.array(0, np.uint8)), ("w", w),
+            ("ws", np.array(1, np.float32)), ("wz", np.array(0, np.uint8)),
+            ("ys", np.array(1 / (0.5 / (2**24 + 1)), np.float32)), ("yz", np.array(0, np.uint8)),
+            ("b", np.array([1], np.int32)))]
+        out_type = TensorProto.UINT8
+    graph = helper.make_graph(
+        [helper.make_node(op, names, ["y"], pads=[pads] * 4)], "c",
+        [helper.make_tensor_value_info("x", TensorProto.UINT8, [1, k, 1, 1])],
+        [helper.make_tensor_value_info("y", out_type, None)], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=10).SerializeToString()
+    got = ort.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    exp = rt.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    np.testing.assert_array_equal(got, exp)
+    centre = got[0, 0, pads, pads]
+    assert centre == (2**24 + 1 if op == "ConvInteger" else 1)
+
+
+@pytest.mark.parametrize("kernel", [1, 3])
+@pytest.mark.parametrize("fits", [True, False])
+@pytest.mark.usefixtures("numpy_kernels")  # the numpy path's bias row; the compiled one: test_conv
+def test_qlinear_conv_bias_in_the_product_up_to_the_exact_bound(kernel, fits, monkeypatch):
+    """A batch's QLinearConv carries a bias in its float32 product (one more weight row
+    times a column of ones) only while every partial sum, bias included, stays below
+    2**24: 57 channels of 3x3 weights of 127 on inputs up to 255 reach 16.6M (1x1:
+    1.8M), so a bias of 100 rides in the product and one 1000 past the bound is added
+    afterwards, exactly, as onnxruntime adds it to its int32 accumulator."""
+    rng = np.random.default_rng(7)
+    c, m = 57, 6
+    bias = 100 if fits else 2**24 - c * kernel * kernel * 127 * 255 + 1000
+    x = rng.integers(0, 256, (3, c, 7, 9)).astype(np.uint8)
+    x[0] = 255  # one image at the bound
+    w = np.full((m, c, kernel, kernel), 127, np.int8)
+    w[1::2] = rng.integers(-128, 128, w[1::2].shape)
+    b = np.array([bias, -bias, 3, -7, bias // 2, 0], np.int32)
+    inits = [numpy_helper.from_array(v, n) for n, v in (
+        ("xs", np.array(0.02, np.float32)), ("xz", np.array(0, np.uint8)), ("w", w),
+        ("ws", np.array(0.01, np.float32)), ("wz", np.array(0, np.int8)),
+        ("ys", np.array(2.0 * kernel * kernel, np.float32)), ("yz", np.array(128, np.uint8)), ("b", b))]
+    graph = helper.make_graph(
+        [helper.make_node("QLinearConv", ["x", "xs", "xz", "w", "ws", "wz", "ys", "yz", "b"], ["y"],
+                          pads=[kernel // 2] * 4)], "c",
+        [helper.make_tensor_value_info("x", TensorProto.UINT8, list(x.shape))],
+        [helper.make_tensor_value_info("y", TensorProto.UINT8, None)], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=10).SerializeToString()
+    from onnxrt_cpu.conv import integer
+
+    folded = []
+    with_bias_row = integer.IntConvBase._with_bias_row
+
+    def spy(self, *args):
+        folded.append(True)
+        return with_bias_row(self, *args)
+
+    monkeypatch.setattr(integer.IntConvBase, "_with_bias_row", spy)
+    sess = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
+    ref = rt.InferenceSession(model, providers=["CPUExecutionProvider"])
+    mult = np.float32(0.02) * np.float32(0.01) / np.float32(2.0 * kernel * kernel)
+
+    def exact(xb):
+        """The int32 accumulator in integers, requantized in float32 as onnxruntime does."""
+        acc = _exact_conv(xb, w, kernel // 2) + b.astype(np.int64)[:, None, None]
+        return np.clip(np.rint(acc.astype(np.float32) * mult) + 128, 0, 255).astype(np.uint8)
+
+    for xb in (x, rng.integers(0, 256, x.shape).astype(np.uint8)):
+        # the second batch runs through the same session (its cached weight with the bias row)
+        got = sess.run(None, {"x": xb})[0]
+        np.testing.assert_array_equal(got, exact(xb))
+        if not u8s8_pairs_saturate():  # tests/ort_oracle.py: else onnxruntime saturates here
+            np.testing.assert_array_equal(got, ref.run(None, {"x": xb})[0])
+        assert len(np.unique(got)) > 10
+        assert bool(folded) == fits  # past the bound the bias is added afterwards
+
+
+@pytest.mark.parametrize("constant_weight", [True, False])
+def test_conv_integer_wraps_its_int32_accumulator(constant_weight):
+    """33,100 channels of 255 * 255 overflow int32: the result wraps as onnxruntime's
+    32-bit accumulator does (-2142639796), not the float conversion's INT_MIN."""
+    k = 33100
+    x = np.full((1, k, 1, 1), 255, np.uint8)
+    w = np.full((1, k, 1, 1), 255, np.uint8)
+    graph = helper.make_graph(
+        [helper.make_node("ConvInteger", ["x", "w"], ["y"])], "c",
+        [helper.make_tensor_value_info("x", TensorProto.UINT8, [1, k, 1, 1])]
+        + ([] if constant_weight else [helper.make_tensor_value_info("w", TensorProto.UINT8, [1, k, 1, 1])]),
+        [helper.make_tensor_value_info("y", TensorProto.INT32, None)],
+        [numpy_helper.from_array(w, "w")] if constant_weight else [])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=10).SerializeToString()
+    feeds = {"x": x} if constant_weight else {"x": x, "w": w}
+    got = ort.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    exp = rt.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    np.testing.assert_array_equal(got, exp)
+    assert got.ravel()[0] == np.int64(k * 255 * 255).astype(np.int32)
+
 
 # -- Errors: the compiled kernels' geometry and limits ---------------------------------------------------------------
 
