@@ -7,7 +7,7 @@
  * stride 1 and no padding multiplies the input directly. Row mode, for maps too
  * small to give every thread column chunks (7x7, 14x14 layers with hundreds of
  * channels): the whole im2col once, shared, then blocks of output rows per task.
- * The numpy path of ``onnxrt_cpu.kernels.conv`` gathers the same columns with
+ * The numpy path (``onnxrt_cpu.conv.bands``) gathers the same columns with
  * numpy copies and splits products over Python threads.
  */
 #include "native.h"

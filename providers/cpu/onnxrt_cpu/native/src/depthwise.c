@@ -4,7 +4,7 @@
  * along each axis, zeros in the padding), so that every kernel tap reads one
  * contiguous run of one phase: the output is computed on the phase's row pitch in
  * blocks that stay in registers through all taps, then cropped to the output width
- * with the activation applied. The numpy path of ``onnxrt_cpu.kernels.conv`` does
+ * with the activation applied. The numpy path (``onnxrt_cpu.conv.depthwise``) does
  * the same with one copy per tap and a batched product.
  */
 #include "native.h"
