@@ -145,7 +145,9 @@ class SessionOptions:
     def register_custom_ops_library(self, library_path: str) -> None:
         """onnxrt runs no compiled custom-op libraries: custom ops come as provider plugins
         (see docs/plugins.md), so this is an error."""
-        raise NotImplementedError(
+        from .errors import NotImplemented as NotImplementedInOnnxrt
+
+        raise NotImplementedInOnnxrt(
             f"onnxrt cannot load the custom-op library {library_path!r}: it has no C++ kernel interface; "
             "write the ops as an onnxrt provider plugin instead"
         )
