@@ -59,6 +59,7 @@ def conv_model(x_shape, w_shape, *, group=1, strides=None, pads=None, dilations=
 
 
 def run(model, feeds, threads, level=ort.GraphOptimizationLevel.ORT_ENABLE_ALL):
+    """The first output of ``model`` on onnxrt's CPU provider with ``threads`` threads."""
     so = ort.SessionOptions()
     so.intra_op_num_threads = threads
     so.graph_optimization_level = level
@@ -66,6 +67,8 @@ def run(model, feeds, threads, level=ort.GraphOptimizationLevel.ORT_ENABLE_ALL):
 
 
 def conv_feeds(model, x_shape, w_shape, bias, residual, dtype, seed=1):
+    """Random feeds of :func:`conv_model`'s inputs: ``x``, a fed bias ``b`` and a
+    residual ``z`` of the convolution's output shape, as asked."""
     rng = np.random.default_rng(seed)
     feeds = {"x": rng.standard_normal(x_shape).astype(dtype)}
     if bias == "input":
@@ -149,6 +152,8 @@ def make_model(nodes, inputs, outputs, initializers=()):
 
 
 def small_conv_model(x_shape, w_shape, bias=True, **attrs):
+    """A single Conv with a constant weight of unit-variance outputs and, with ``bias``,
+    a constant bias (an ``onnx.ModelProto``)."""
     rng = np.random.default_rng(0)
     w = (rng.standard_normal(w_shape) / np.sqrt(np.prod(w_shape[1:]))).astype(np.float32)
     inits = [numpy_helper.from_array(w, "w")]
