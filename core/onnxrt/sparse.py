@@ -22,7 +22,7 @@ import numpy as np
 import onnx
 from onnx import ModelProto, numpy_helper
 
-from .errors import EPFail, InvalidArgument
+from .errors import EPFail, InvalidArgument, InvalidGraph
 
 __all__ = ["OrtSparseFormat", "SparseTensor", "densify_feeds", "densify_model", "to_sparse"]
 
@@ -201,13 +201,36 @@ def densify_model(proto: ModelProto) -> tuple[ModelProto, set[str], set[str]]:
     g = proto.graph
     sparse_in = {vi.name for vi in g.input if vi.type.WhichOneof("value") == "sparse_tensor_type"}
     sparse_out = {vi.name for vi in g.output if vi.type.WhichOneof("value") == "sparse_tensor_type"}
-    has_const = any(_sparse_const_attr(n) is not None for n in g.node)
-    has_spmm = any(n.op_type == "SparseToDenseMatMul" and n.domain == "com.microsoft" for n in g.node)
-    if not (sparse_in or sparse_out or has_const or has_spmm):
+    if not (sparse_in or sparse_out or any(_rewrites(n) for n in _all_nodes(g))):
         return proto, set(), set()
     out = ModelProto()
     out.CopyFrom(proto)
-    g = out.graph
+    default = next((o.version for o in out.opset_import if o.domain in ("", "ai.onnx")), None)
+    if default is None and any(n.op_type == "SparseToDenseMatMul" for n in _all_nodes(out.graph)):
+        out.opset_import.append(onnx.helper.make_opsetid("", 13))
+        default = 13
+    _densify_graph(out.graph, default or 13)
+    return out, sparse_in, sparse_out
+
+
+def _all_nodes(g):
+    for n in g.node:
+        yield n
+        for a in n.attribute:
+            if a.HasField("g"):
+                yield from _all_nodes(a.g)
+            for sg in a.graphs:
+                yield from _all_nodes(sg)
+
+
+def _rewrites(node) -> bool:
+    return _sparse_const_attr(node) is not None or (
+        node.op_type == "SparseToDenseMatMul" and node.domain == "com.microsoft")
+
+
+def _densify_graph(g, default_opset: int) -> None:
+    from .ir.graph import _sparse_to_dense
+
     for vi in list(g.input) + list(g.output) + list(g.value_info):
         if vi.type.WhichOneof("value") == "sparse_tensor_type":
             st = vi.type.sparse_tensor_type
@@ -217,22 +240,30 @@ def densify_model(proto: ModelProto) -> tuple[ModelProto, set[str], set[str]]:
                 tt.shape.CopyFrom(st.shape)
             vi.type.tensor_type.CopyFrom(tt)
     for node in g.node:
+        for a in node.attribute:
+            if a.HasField("g"):
+                _densify_graph(a.g, default_opset)
+            for sg in a.graphs:
+                _densify_graph(sg, default_opset)
         attr = _sparse_const_attr(node)
         if attr is not None:
-            from .ir.graph import _sparse_to_dense
-
             dense = _sparse_to_dense(attr.sparse_tensor, f"Constant {node.name!r}")
             del node.attribute[:]
             node.attribute.append(onnx.helper.make_attribute("value", numpy_helper.from_array(dense)))
         elif node.op_type == "SparseToDenseMatMul" and node.domain == "com.microsoft":
-            # Y = alpha * op(A) @ op(B): Gemm with the same attributes (beta unused, no C)
+            # Y = alpha * op(A) @ op(B): a MatMul, or a Gemm (C optional from opset 11) with
+            # the same attributes when they say more
             keep = [a for a in node.attribute if a.name in ("alpha", "transA", "transB")]
-            node.op_type, node.domain = "Gemm", ""
             del node.attribute[:]
-            node.attribute.extend(keep)
-    if has_spmm and not any(o.domain in ("", "ai.onnx") for o in out.opset_import):
-        out.opset_import.append(onnx.helper.make_opsetid("", 13))
-    return out, sparse_in, sparse_out
+            node.domain = ""
+            if not keep:
+                node.op_type = "MatMul"
+            elif default_opset >= 11:
+                node.op_type = "Gemm"
+                node.attribute.extend(keep)
+            else:
+                raise InvalidGraph(f"SparseToDenseMatMul {node.name!r} with alpha or transposes needs "
+                                   f"ai.onnx opset 11 or newer beside it (the model imports {default_opset})")
 
 
 def _sparse_const_attr(node) -> Any:

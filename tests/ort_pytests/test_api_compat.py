@@ -513,3 +513,29 @@ def test_castlike_with_known_type_becomes_cast(tmp_path):
     assert y.dtype == np.float64 and y.tolist() == [1.5, 2.5]
     node, = onnx.load(str(tmp_path / "o.onnx")).graph.node
     assert node.op_type == "Cast" and helper.get_attribute_value(node.attribute[0]) == TensorProto.DOUBLE
+
+
+def test_sparse_constant_in_a_subgraph_and_scaled_sparse_matmul():
+    vals = numpy_helper.from_array(np.array([2.0], np.float32), "v")
+    idx = numpy_helper.from_array(np.array([1], np.int64), "i")
+    const = helper.make_node("Constant", [], ["c"], sparse_value=helper.make_sparse_tensor(vals, idx, [2]))
+    then = helper.make_graph([const], "then", [], [helper.make_tensor_value_info("c", TensorProto.FLOAT, [2])])
+    other = helper.make_graph([helper.make_node("Constant", [], ["d"], value=numpy_helper.from_array(
+        np.zeros(2, np.float32)))], "else", [], [helper.make_tensor_value_info("d", TensorProto.FLOAT, [2])])
+    m = make_model([helper.make_node("If", ["b"], ["y"], then_branch=then, else_branch=other)],
+                   [helper.make_tensor_value_info("b", TensorProto.BOOL, [])],
+                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
+    y, = ort.InferenceSession(m.SerializeToString()).run(None, {"b": np.array(True)})
+    assert y.tolist() == [0.0, 2.0]
+    a = helper.make_value_info("A", helper.make_sparse_tensor_type_proto(TensorProto.FLOAT, [2, 2]))
+    g = helper.make_graph([helper.make_node("SparseToDenseMatMul", ["A", "B"], ["Y"], domain="com.microsoft",
+                                            alpha=2.0, transA=1)], "g",
+                          [a, helper.make_tensor_value_info("B", TensorProto.FLOAT, [2, 2])],
+                          [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [2, 2])])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("com.microsoft", 1), helper.make_opsetid("", 13)],
+                          ir_version=9)
+    st = ort.SparseTensor.sparse_coo_from_numpy([2, 2], np.array([1.0, 3.0], np.float32),
+                                                np.array([[0, 1], [1, 0]], np.int64))
+    B = np.arange(4, dtype=np.float32).reshape(2, 2)
+    y, = ort.InferenceSession(m.SerializeToString()).run(None, {"A": st, "B": B})
+    np.testing.assert_allclose(y, 2.0 * st.to_dense().T @ B)
