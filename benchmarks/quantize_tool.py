@@ -129,6 +129,10 @@ def _score(kind, outs, ref, labels=None):
     return {"cosine": cosine(outs[0], ref), "max_err": float(np.abs(outs[0].astype(np.float32) - ref).max())}
 
 
+def _fmt_score(s: dict) -> str:
+    return f"{s['top1']:.4f}" if "top1" in s else f"cos {s['cosine']:.5f}, max err {s['max_err']:.3g}"
+
+
 def _workloads():
     path, x_train, x_test, y_test = digits()
     c, e = cnn(), encoder()
@@ -189,12 +193,13 @@ def main(argv=None) -> int:
             ours_models[(name, fmt, method)] = ours
             so = _score(name, _onnxrt(ours, args.threads).run(None, feeds), ref, labels)
             st = _score(name, _ort(theirs, args.threads).run(None, feeds), ref, labels)
-            fmt_s = lambda s: (f"{s['top1']:.4f}" if "top1" in s else f"cos {s['cosine']:.5f}, max err {s['max_err']:.3g}")
-            print(f"| {name} | {fmt} | {method or '-'} | {fmt_s(float_score)} | {fmt_s(so)} | {fmt_s(st)} |")
+            print(f"| {name} | {fmt} | {method or '-'} | {_fmt_score(float_score)} | {_fmt_score(so)} "
+                  f"| {_fmt_score(st)} |")
             results["accuracy"].append({"model": name, "format": fmt, "method": method, "float": float_score,
                                         "onnxrt": so, "onnxruntime": st})
             results["tool_time"].append({"model": name, "format": fmt, "method": method,
-                                         "onnxrt_s": statistics.median(t_ours), "onnxruntime_s": statistics.median(t_ort)})
+                                         "onnxrt_s": statistics.median(t_ours),
+                                         "onnxruntime_s": statistics.median(t_ort)})
     print("\n## the same models on onnxrt and onnxruntime: largest output difference\n")
     print("| model | model kind | onnxruntime default level | onnxruntime basic level |")
     print("|---|---|---|---|")
@@ -219,7 +224,8 @@ def main(argv=None) -> int:
     print("| model | format | method | onnxrt.quantization | onnxruntime.quantization |")
     print("|---|---|---|---|---|")
     for r in results["tool_time"]:
-        print(f"| {r['model']} | {r['format']} | {r['method'] or '-'} | {r['onnxrt_s']:.3f} | {r['onnxruntime_s']:.3f} |")
+        print(f"| {r['model']} | {r['format']} | {r['method'] or '-'} | {r['onnxrt_s']:.3f} "
+              f"| {r['onnxruntime_s']:.3f} |")
     print("\n## onnxrt latency, int8 against float32 (ms, batch 32, lowest of the rounds' medians)\n")
     big = encoder(seed=0, layers=2, seq=64, dim=128, heads=4, ffn=512)
     big_src = str(Path(tmp) / "encoder128.onnx")
@@ -241,8 +247,8 @@ def main(argv=None) -> int:
 
         # per-tensor weights: onnxrt's QDQ fusion turns every MatMul into QLinearMatMul
         # (per-column weights it leaves in float)
-        sess["QDQ per tensor"] = _onnxrt(q.quantize_static(src, None, q.NumpyDataReader(cal), show_progress=False).model,
-                                         args.threads)
+        per_tensor = q.quantize_static(src, None, q.NumpyDataReader(cal), show_progress=False).model
+        sess["QDQ per tensor"] = _onnxrt(per_tensor, args.threads)
         sess["float16"] = _onnxrt(convert_float_to_float16(src, keep_io_types=True), args.threads)
         # the QDQ model onnxruntime's tool writes, on onnxrt: the same layout, so about the same speed
         sess["QDQ (onnxruntime's tool)"] = _onnxrt(_quantize_ort(src, cal, "QDQ", "MinMax", tmp), args.threads)

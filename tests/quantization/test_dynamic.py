@@ -60,3 +60,11 @@ def test_dynamic_refuses_what_it_cannot_write(cnn):
         quantize_dynamic(model, None, op_types_to_quantize=["Softmax"])
     with pytest.raises(InvalidArgument, match="model_input"):
         quantize_dynamic(42, None)
+
+
+def test_external_data_is_written_beside_the_model(cnn, tmp_path):
+    model, _, test = cnn
+    out = tmp_path / "q.onnx"
+    quantize_dynamic(model, out, use_external_data_format=True)
+    assert (tmp_path / "q.onnx.data").stat().st_size > 0
+    np.testing.assert_array_equal(run_onnxrt(str(out), {"x": test})[0], run_onnxruntime(str(out), {"x": test})[0])

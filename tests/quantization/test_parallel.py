@@ -30,7 +30,8 @@ def test_moving_average_is_taken_in_batch_order_on_a_distributed_client(cnn):
     model, cal, _ = cnn
     tensors = _tensors(model)
     opts = {"CalibMovingAverage": True, "CalibMovingAverageConstant": 0.3}
-    serial = collect_ranges(model, NumpyDataReader({"x": cal}, 8), tensors, CalibrationMethod.MinMax, extra_options=opts)
+    serial = collect_ranges(model, NumpyDataReader({"x": cal}, 8), tensors, CalibrationMethod.MinMax,
+                            extra_options=opts)
     with distributed.Client(processes=False, n_workers=1, threads_per_worker=2, dashboard_address=None) as client:
         par = collect_ranges(model, NumpyDataReader({"x": cal}, 8), tensors, CalibrationMethod.MinMax,
                              extra_options={**opts, "CalibParallelChunk": 4}, parallel=client)

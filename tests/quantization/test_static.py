@@ -198,3 +198,35 @@ def test_int16_activations_in_qdq(cnn):
     ours = run_onnxrt(r.model, {"x": test})[0]
     assert cosine(ours, run_onnxrt(model, {"x": test})[0]) >= 0.9999
     np.testing.assert_allclose(run_onnxruntime(r.model, {"x": test}, basic=True)[0], ours, atol=1e-5)
+
+
+def test_an_older_opset_is_converted_and_subgraphs_read_float_values(cnn):
+    from onnx import TensorProto, helper
+
+    model, cal, test = cnn
+    old = onnx.ModelProto()
+    old.CopyFrom(model)
+    old.opset_import[0].version = 11
+    r = quantize_static(old, None, NumpyDataReader({"x": cal}, 16), per_channel=True)
+    assert r.model.opset_import[0].version == 13  # DequantizeLinear's axis needs 13
+    assert cosine(run_onnxrt(r.model, {"x": test})[0], run_onnxrt(model, {"x": test})[0]) >= 0.999
+    # an If whose branches read a tensor the QOperator writer holds as codes
+    w = np.random.default_rng(0).standard_normal((4, 4)).astype(np.float32)
+    branch = [helper.make_graph([helper.make_node(op, ["c"], [f"{op}_out"])], op, [],
+                                [helper.make_tensor_value_info(f"{op}_out", TensorProto.FLOAT, [2, 4])])
+              for op in ("Relu", "Neg")]
+    g = helper.make_graph(
+        [helper.make_node("MatMul", ["a", "W"], ["c"], name="mm"),
+         helper.make_node("If", ["cond"], ["y"], then_branch=branch[0], else_branch=branch[1], name="if")], "g",
+        [helper.make_tensor_value_info("a", TensorProto.FLOAT, [2, 4]),
+         helper.make_tensor_value_info("cond", TensorProto.BOOL, [])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])], [numpy_helper.from_array(w, "W")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 9
+    a = np.random.default_rng(1).standard_normal((2, 4)).astype(np.float32)
+    q = quantize_static(m, None, [{"a": a, "cond": np.array(True)}], quant_format=QuantFormat.QOperator).model
+    assert [n.op_type for n in q.graph.node] == ["QuantizeLinear", "QLinearMatMul", "DequantizeLinear", "If"]
+    feeds = {"a": a, "cond": np.array(False)}
+    ours = run_onnxrt(q, feeds)[0]
+    np.testing.assert_allclose(ours, -(a @ w), atol=0.05)
+    np.testing.assert_array_equal(run_onnxruntime(q, feeds)[0], ours)

@@ -295,7 +295,11 @@ def _augmented(model: onnx.ModelProto, tensors: Sequence[str]) -> onnx.ModelProt
 def _batch_stats(predictor, batch: Mapping[str, np.ndarray], tensors: Sequence[str], bins: int,
                  histogram: bool) -> dict[str, TensorStats]:
     """One batch's :class:`TensorStats` per tensor (runs wherever ``predictor`` lives)."""
-    outs = predictor(dict(batch))
+    # the feeds go to the session as they are: a calibration batch is the model's own
+    # inputs (scalars too), not a table of rows to map onto them
+    session = predictor.session
+    names = [o.name for o in session.get_outputs()]
+    outs = dict(zip(names, session.run(None, dict(batch))))
     stats = {}
     for t in tensors:
         s = TensorStats(bins, histogram)

@@ -25,7 +25,8 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from ..errors import InvalidArgument
-from .graph import GraphIndex, Names, check_graph, ensure_opset, load_input_model, op_counts, save_output_model
+from .graph import (GraphIndex, Names, check_graph, ensure_opset, is_valid, load_input_model, op_counts,
+                    save_output_model)
 from .options import check_extra_options
 from .params import QParams, quantize_weight
 from .plan import Role, select_nodes
@@ -93,7 +94,8 @@ class _Dynamic:
                 return "C is not a constant"
             if w.ndim != 2:
                 return "B is not 2-D"
-        if node.op_type == "Conv" and len(node.input) > 2 and node.input[2] and self.index.constant(node.input[2]) is None:
+        has_bias = len(node.input) > 2 and node.input[2]
+        if node.op_type == "Conv" and has_bias and self.index.constant(node.input[2]) is None:
             return "its bias is not a constant"
         return None
 
@@ -177,6 +179,7 @@ def quantize_dynamic(
     options = check_extra_options(extra_options)
     original = load_input_model(model_input)
     size_before = original.ByteSize()  # the writers edit the model in place
+    valid = is_valid(original)
     model = ensure_opset(original, 11)
     before = op_counts(model)
     candidates = select_nodes(model, op_types_to_quantize or DEFAULT_DYNAMIC_OPS, nodes_to_quantize,
@@ -199,7 +202,7 @@ def quantize_dynamic(
     model.graph.node.extend(nodes)
     model.graph.initializer.extend(q.inits)
     drop_unused_initializers(model)
-    check_graph(model)
+    check_graph(model, valid)
     if model_output is not None:
         save_output_model(model, model_output, use_external_data_format)
     return QuantizationReport(model=model, format="dynamic", before=before, after=op_counts(model),

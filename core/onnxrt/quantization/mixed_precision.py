@@ -17,7 +17,6 @@ with the reason.
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
@@ -34,21 +33,12 @@ FLOAT16_MAX = 65504.0
 DEFAULT_RTOL = 1e-2
 DEFAULT_ATOL = 1e-3
 
-#: Where ``onnxrt compare``'s logic lives: the command's package, or (in earlier
-#: layouts) the tools package; the first that provides it serves.
-_COMPARE_MODULES = ("onnxrt.cli.compare", "onnxrt.tools.compare")
-
-
 def _compare():
-    """The module with ``compare_values`` and ``_exposed`` (``onnxrt compare``'s logic)."""
-    for name in _COMPARE_MODULES:
-        try:
-            mod = importlib.import_module(name)
-        except ImportError:
-            continue
-        if hasattr(mod, "compare_values") and hasattr(mod, "_exposed"):
-            return mod
-    raise ImportError(f"none of {', '.join(_COMPARE_MODULES)} provides compare_values")
+    """``onnxrt compare``'s module (``compare_values``, ``_exposed``), imported when
+    used: the command's package is not loaded by the runtime."""
+    from ..cli import compare
+
+    return compare
 
 
 @dataclass

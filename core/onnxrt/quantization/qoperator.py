@@ -55,7 +55,8 @@ class _Writer:
         s, z = self.qparams(t, self.plan.tensors[t])
         if t not in self.codes:
             q = self.names(f"{t}_quantized")
-            self.nodes.append(helper.make_node("QuantizeLinear", [t, s, z], [q], name=self.names(f"{t}_QuantizeLinear")))
+            self.nodes.append(helper.make_node("QuantizeLinear", [t, s, z], [q],
+                                               name=self.names(f"{t}_QuantizeLinear")))
             self.codes[t] = q
         return self.codes[t], s, z
 

@@ -8,7 +8,7 @@ from typing import Any, Sequence
 
 from ..errors import InvalidArgument
 from .calibrate import collect_ranges
-from .graph import (GraphIndex, check_graph, ensure_opset, load_input_model, name_nodes, op_counts,
+from .graph import (GraphIndex, check_graph, ensure_opset, is_valid, load_input_model, name_nodes, op_counts,
                     save_output_model)
 from .options import check_extra_options
 from .plan import calibration_tensors, fold_relus, make_plan, select_nodes
@@ -77,6 +77,7 @@ def quantize_static(
     options = check_extra_options(extra_options)
     original = load_input_model(model_input)
     size_before = original.ByteSize()  # the writers edit the model in place
+    valid = is_valid(original)
     wide = any(t in (QuantType.QInt16, QuantType.QUInt16) for t in (act, wt))
     model = ensure_opset(original, 21 if wide else 13)
     name_nodes(model.graph)
@@ -97,7 +98,7 @@ def quantize_static(
         from .qoperator import write_qoperator
 
         out = write_qoperator(plan)
-    check_graph(out)
+    check_graph(out, valid)
     if model_output is not None:
         save_output_model(out, model_output, use_external_data_format)
     return QuantizationReport(
