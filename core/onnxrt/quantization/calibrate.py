@@ -345,26 +345,85 @@ def _chunks(it: Iterator[dict], size: int) -> Iterator[list[dict]]:
         yield chunk
 
 
-def _run_parallel(parallel, predictor, chunk: list[dict], tensors, bins, histogram) -> list[dict]:
-    """Each batch of ``chunk`` on the cluster, in order."""
-    kind = parallel if isinstance(parallel, str) else type(parallel).__module__.split(".")[0]
-    if kind in ("dask", "distributed"):
-        import dask
+class _Runner:
+    """Runs chunks of batches: here, on Dask, or on Ray. The predictor reaches each
+    worker once per calibration (a scattered Dask future, a pool of Ray actors), so
+    every worker builds one session, however many chunks follow."""
 
-        shared = dask.delayed(predictor, pure=True)
-        tasks = [dask.delayed(_batch_stats, pure=True)(shared, b, tensors, bins, histogram) for b in chunk]
-        if not isinstance(parallel, str) and hasattr(parallel, "compute"):
-            return list(parallel.gather(parallel.compute(tasks)))
-        return list(dask.compute(*tasks))
-    if kind == "ray":
+    def __init__(self, parallel, predictor, tensors: Sequence[str], bins: int, histogram: bool):
+        self.args = (tensors, bins, histogram)
+        self.predictor = predictor
+        self.kind, self.client, self.shared, self.actors = None, None, None, []
+        if parallel is None:
+            return
+        kind = parallel if isinstance(parallel, str) else type(parallel).__module__.split(".")[0]
+        if kind in ("dask", "distributed"):
+            self.kind = "dask"
+            client = parallel if not isinstance(parallel, str) else _current_dask_client()
+            if client is not None:
+                self.client = client
+                self.shared = client.scatter(predictor, broadcast=True, hash=False)
+        elif kind == "ray":
+            import ray
+
+            if not ray.is_initialized():
+                ray.init(include_dashboard=False, log_to_driver=False, configure_logging=False)
+            self.kind = "ray"
+            workers = max(1, int(ray.available_resources().get("CPU", 1)))
+            actor = ray.remote(num_cpus=1)(_RayWorker)
+            self.actors = [actor.remote(predictor, *self.args) for _ in range(workers)]
+        else:
+            raise InvalidArgument(f"parallel must be None, 'dask', 'ray' or a dask.distributed Client, "
+                                  f"not {parallel!r}")
+
+    def __call__(self, chunk: list[dict]) -> list[dict[str, TensorStats]]:
+        """Each batch's stats, in batch order."""
+        if self.kind is None:
+            return [_batch_stats(self.predictor, b, *self.args) for b in chunk]
+        if self.kind == "dask" and self.client is not None:
+            futures = [self.client.submit(_batch_stats, self.shared, b, *self.args, pure=False) for b in chunk]
+            return list(self.client.gather(futures))
+        if self.kind == "dask":
+            import dask
+
+            shared = dask.delayed(self.predictor, pure=True)
+            tasks = [dask.delayed(_batch_stats, pure=True)(shared, b, *self.args) for b in chunk]
+            return list(dask.compute(*tasks))
         import ray
 
-        if not ray.is_initialized():
-            ray.init(include_dashboard=False, log_to_driver=False, configure_logging=False)
-        remote = ray.remote(_batch_stats)
-        ref = ray.put(predictor)
-        return ray.get([remote.remote(ref, b, tensors, bins, histogram) for b in chunk])
-    raise InvalidArgument(f"parallel must be None, 'dask', 'ray' or a dask.distributed Client, not {parallel!r}")
+        refs = [self.actors[i % len(self.actors)].stats.remote(b) for i, b in enumerate(chunk)]
+        return ray.get(refs)
+
+    def close(self) -> None:
+        """Release the actors."""
+        if self.actors:
+            import ray
+
+            for a in self.actors:
+                ray.kill(a)
+            self.actors = []
+
+
+class _RayWorker:
+    """A Ray actor holding one predictor (one session) for the whole calibration."""
+
+    def __init__(self, predictor, tensors, bins, histogram):
+        self.predictor, self.args = predictor, (tensors, bins, histogram)
+
+    def stats(self, batch):
+        return _batch_stats(self.predictor, batch, *self.args)
+
+
+def _current_dask_client():
+    """The default ``dask.distributed`` client, if one is running (else Dask's local scheduler)."""
+    try:
+        from distributed import get_client
+    except ImportError:
+        return None
+    try:
+        return get_client()
+    except ValueError:
+        return None
 
 
 def collect_ranges(
@@ -410,19 +469,19 @@ def collect_ranges(
     total = len(data_reader) if hasattr(data_reader, "__len__") else None
     merged = {t: TensorStats(bins, histogram) for t in tensors}
     seen = 0
-    with _progress(show_progress, total, "calibrating") as bar:
-        task = bar.add_task("calibrating", total=total)
-        size = int(options["CalibParallelChunk"]) if parallel is not None else 1
-        for chunk in _chunks(_batches(data_reader), max(1, size)):
-            if parallel is None:
-                results = [_batch_stats(predictor, b, tensors, bins, histogram) for b in chunk]
-            else:
-                results = _run_parallel(parallel, predictor, chunk, tensors, bins, histogram)
-            for stats in results:  # in batch order, which the moving average needs
-                for t in tensors:
-                    merged[t].merge(stats[t], moving)
-            seen += len(chunk)
-            bar.update(task, advance=len(chunk))
+    runner = _Runner(parallel, predictor, tensors, bins, histogram)
+    try:
+        with _progress(show_progress, total, "calibrating") as bar:
+            task = bar.add_task("calibrating", total=total)
+            size = int(options["CalibParallelChunk"]) if parallel is not None else 1
+            for chunk in _chunks(_batches(data_reader), max(1, size)):
+                for stats in runner(chunk):  # in batch order, which the moving average needs
+                    for t in tensors:
+                        merged[t].merge(stats[t], moving)
+                seen += len(chunk)
+                bar.update(task, advance=len(chunk))
+    finally:
+        runner.close()
     if seen == 0:
         raise InvalidArgument("the calibration data reader gave no batches")
     ranges = {}
