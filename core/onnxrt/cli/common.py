@@ -93,7 +93,8 @@ def add_model_args(p: argparse.ArgumentParser, providers: bool = True, inputs: b
         p.add_argument("--providers", help="comma-separated providers in priority order (names or aliases)")
     if inputs:
         p.add_argument("--input", action="append", metavar="NAME=FILE.npy", help="an input from a .npy file")
-        p.add_argument("--dim", action="append", metavar="NAME=VALUE", help="fix a symbolic dimension")
+        p.add_argument("--dim", action="append", metavar="NAME=VALUE",
+                      help="fix a symbolic dimension (INPUT:AXIS=VALUE for an unnamed one)")
         p.add_argument("--seed", type=int, default=0, help="seed for random inputs")
     if level:
         p.add_argument("--level", choices=list(LEVELS), default="all", help="graph optimization level")
