@@ -509,3 +509,75 @@ def test_the_session_shows_the_code_of_its_runs():
     code = sess.get_plan_code()
     assert code == sess._built.plan.code and code.startswith("def run(feeds")
     assert "feeds.get('x')" in code
+
+
+# -- the CPU kernels' direct calls ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("op, dtype, shape", [
+    ("Neg", np.float32, [3]), ("Neg", np.float32, []), ("Neg", np.int64, ["N"]), ("Neg", np.float16, [2]),
+    ("Abs", np.int32, [2, 2]), ("Sqrt", np.float64, []), ("Exp", np.float32, [4]), ("Floor", np.float32, [2]),
+    ("Relu", np.float32, [3]), ("Relu", np.float32, []), ("Relu", np.int8, [2, 3]), ("Relu", np.float32, [2048]),
+    ("Tanh", np.float64, [3]),
+])
+def test_unary_direct_calls_give_what_run_gives(op, dtype, shape):
+    model = make_model([helper.make_node(op, ["x"], ["y"], name="n")],
+                       [helper.make_tensor_value_info("x", helper.np_dtype_to_tensor_dtype(np.dtype(dtype)), shape)],
+                       [helper.make_tensor_value_info("y", helper.np_dtype_to_tensor_dtype(np.dtype(dtype)), None)])
+    sess = _session(model)
+    rng = np.random.default_rng(0)
+    concrete = [3 if d == "N" else d for d in shape]
+    x = (rng.standard_normal(concrete) * 4).astype(dtype)
+    if op == "Sqrt":
+        x = np.abs(x)
+    (y,) = sess.run(None, {"x": x})
+    (step,) = sess._built.plan.steps
+    want = step.fn(x)[0]  # the kernel's run
+    assert type(y) is np.ndarray and y.dtype == want.dtype and y.shape == want.shape
+    np.testing.assert_array_equal(y, want)
+    direct = step.fn.__self__.direct_call()
+    # float16 computes through float32 in run; Relu of 2048 values takes the clip pass
+    assert (direct is None) == (dtype == np.float16 or shape == [2048])
+
+
+@pytest.mark.parametrize("op, dtype, shapes, direct", [
+    ("Add", np.float32, ([2, 3], [2, 3]), True),
+    ("Mul", np.int64, (["N"], ["N"]), True),
+    ("Sub", np.float32, ([], []), True),
+    ("Div", np.float32, ([3], [3]), True),
+    ("Div", np.int32, ([3], [3]), False),  # integer division truncates: the kernel's own
+    ("Add", np.float32, ([2, 3], [3]), False),  # a broadcast: the kernel's row pass and cap check
+    ("Mul", np.float32, (["N", 3], [None, 3]), False),  # an unknown dimension
+])
+def test_binary_direct_calls_give_what_run_gives(op, dtype, shapes, direct):
+    t = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+    model = make_model([helper.make_node(op, ["a", "b"], ["y"], name="n")],
+                       [helper.make_tensor_value_info("a", t, shapes[0]), helper.make_tensor_value_info("b", t, shapes[1])],
+                       [helper.make_tensor_value_info("y", t, None)])
+    sess = _session(model)
+    rng = np.random.default_rng(1)
+    a, b = (np.asarray(rng.standard_normal([2 if d in ("N", None) else d for d in s]) * 5 + 7).astype(dtype)
+            for s in shapes)
+    b[b == 0] = 3
+    (y,) = sess.run(None, {"a": a, "b": b})
+    (step,) = sess._built.plan.steps
+    want = step.fn(a, b)[0]
+    assert type(y) is np.ndarray and y.dtype == want.dtype and y.shape == want.shape
+    np.testing.assert_array_equal(y, want)
+    assert (step.fn.__self__.direct_call() is not None) == direct
+
+
+@pytest.mark.parametrize("in_shape, target, direct", [
+    ([2, 6], [3, 4], True), ([2, 6], [-1], True), ([2, 6], [0, 3, 2], False), (["N", 6], [-1, 3], False),
+])
+def test_reshape_direct_call_only_where_it_cannot_fail(in_shape, target, direct):
+    model = make_model([helper.make_node("Reshape", ["x", "t"], ["y"], name="r")],
+                       [helper.make_tensor_value_info("x", F, in_shape)], [helper.make_tensor_value_info("y", F, None)],
+                       [helper.make_tensor("t", TensorProto.INT64, [len(target)], target)])
+    sess = _session(model, graph_optimization_level=ort.GraphOptimizationLevel.ORT_DISABLE_ALL)
+    x = np.arange(12, dtype=np.float32).reshape(2, 6)
+    (y,) = sess.run(None, {"x": x})
+    want = x.reshape([x.shape[i] if d == 0 else d for i, d in enumerate(target)])
+    np.testing.assert_array_equal(y, want)
+    kernel = next(st.fn.__self__ for st in sess._built.plan.steps if st.op_type == "Reshape")
+    assert (kernel.direct_call() is not None) == direct
