@@ -87,3 +87,12 @@ def test_constants_are_clipped_to_float16s_range():
     np.testing.assert_array_equal(got, np.array([1e-7, -1e-7, 0, 1e4, -1e4, 0.5], dtype=np.float16))
     with pytest.raises(InvalidArgument, match="node_block_list"):
         convert_float_to_float16(m, node_block_list=["nope"])
+
+
+def test_an_already_float16_model_is_refused_unless_asked(cnn):
+    model, _, _ = cnn
+    m16 = convert_float_to_float16(model)
+    with pytest.raises(InvalidArgument, match="already holds float16"):
+        convert_float_to_float16(m16)
+    assert convert_float_to_float16(m16, check_fp16_ready=False).graph.input[0].type.tensor_type.elem_type == \
+        TensorProto.FLOAT16

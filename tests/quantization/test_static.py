@@ -230,3 +230,18 @@ def test_an_older_opset_is_converted_and_subgraphs_read_float_values(cnn):
     ours = run_onnxrt(q, feeds)[0]
     np.testing.assert_allclose(ours, -(a @ w), atol=0.05)
     np.testing.assert_array_equal(run_onnxruntime(q, feeds)[0], ours)
+
+
+def test_a_calibration_cache_is_written_then_read(cnn, tmp_path):
+    model, cal, _ = cnn
+    cache = tmp_path / "ranges.json"
+    first = quantize_static(model, None, NumpyDataReader({"x": cal}, 16), calibration_cache_path=cache)
+    assert cache.exists()
+    again = quantize_static(model, None, None, calibration_cache_path=cache)
+    assert again.ranges == first.ranges
+    assert again.model.SerializeToString() == first.model.SerializeToString()
+    with pytest.raises(InvalidArgument, match="calibration_data_reader"):
+        quantize_static(model, None, None)
+    cache.write_text("not json")
+    with pytest.raises(InvalidArgument, match="not a calibration cache"):
+        quantize_static(model, None, None, calibration_cache_path=cache)

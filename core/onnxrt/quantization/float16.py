@@ -72,6 +72,7 @@ def convert_float_to_float16(
     disable_shape_infer: bool = False,
     op_block_list: Sequence[str] | None = None,
     node_block_list: Sequence[str] | None = None,
+    check_fp16_ready: bool = True,
 ) -> onnx.ModelProto:
     """The float16 version of ``model`` (a path, bytes or ``ModelProto``; not modified).
 
@@ -80,10 +81,15 @@ def convert_float_to_float16(
         onnx's shape inference cannot handle); tensors of unknown type stay as they are.
     :param op_block_list: op types kept in float32 (default :data:`DEFAULT_OP_BLOCK_LIST`).
     :param node_block_list: node names kept in float32.
+    :param check_fp16_ready: refuse a model that already holds float16 inputs or weights.
     """
     if not (0 < min_positive_val < max_finite_val):
         raise InvalidArgument(f"need 0 < min_positive_val < max_finite_val, got {min_positive_val}, {max_finite_val}")
     m = load_input_model(model)
+    if check_fp16_ready and (any(t.data_type == TensorProto.FLOAT16 for t in m.graph.initializer)
+                             or any(v.type.tensor_type.elem_type == TensorProto.FLOAT16 for v in m.graph.input)):
+        raise InvalidArgument("the model already holds float16 inputs or weights; pass check_fp16_ready=False "
+                              "to convert the rest")
     name_nodes(m.graph)
     known = {n.name for n in m.graph.node}
     missing = sorted(set(node_block_list or ()) - known)

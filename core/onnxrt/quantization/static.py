@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+from pathlib import Path
 from typing import Any, Sequence
 
 
@@ -21,7 +23,7 @@ __all__ = ["quantize_static"]
 def quantize_static(
     model_input,
     model_output,
-    calibration_data_reader,
+    calibration_data_reader=None,
     quant_format: QuantFormat = QuantFormat.QDQ,
     op_types_to_quantize: Sequence[str] | None = None,
     per_channel: bool = False,
@@ -34,6 +36,7 @@ def quantize_static(
     calibrate_method: CalibrationMethod = CalibrationMethod.MinMax,
     calibration_providers: Sequence | None = None,
     extra_options: dict[str, Any] | None = None,
+    calibration_cache_path=None,
     *,
     calibration_parallel=None,
     show_progress: bool = True,
@@ -60,6 +63,9 @@ def quantize_static(
     :param calibration_providers: the onnxrt providers calibration runs on.
     :param extra_options: onnxruntime's options: ``ActivationSymmetric``,
         ``WeightSymmetric``, ``Calib*`` (see :mod:`onnxrt.quantization.calibrate`).
+    :param calibration_cache_path: a JSON file of calibrated ranges: read instead of
+        calibrating when it exists (``calibration_data_reader`` may then be ``None``),
+        written after calibrating when it does not.
     :param calibration_parallel: ``None``, ``"dask"``, a ``dask.distributed.Client`` or
         ``"ray"``: run the calibration batches on those workers.
     :param show_progress: a progress bar while calibrating (on a terminal).
@@ -85,8 +91,19 @@ def quantize_static(
     candidates = select_nodes(model, op_types_to_quantize, nodes_to_quantize, nodes_to_exclude)
     index = GraphIndex(model)
     tensors = calibration_tensors(index, candidates)
-    ranges = collect_ranges(model, calibration_data_reader, tensors, method, calibration_providers, options,
-                            parallel=calibration_parallel, show_progress=show_progress)
+    cache = Path(calibration_cache_path) if calibration_cache_path is not None else None
+    if cache is not None and cache.exists():
+        ranges = _read_cache(cache)
+    else:
+        if calibration_data_reader is None:
+            raise InvalidArgument("quantize_static needs a calibration_data_reader (or an existing "
+                                  "calibration_cache_path)")
+        ranges = collect_ranges(model, calibration_data_reader, tensors, method, calibration_providers, options,
+                                parallel=calibration_parallel, show_progress=show_progress)
+        if cache is not None:
+            cache.parent.mkdir(parents=True, exist_ok=True)
+            cache.write_text(json.dumps({"method": method.name, "ranges": {t: list(r) for t, r in ranges.items()}},
+                                        indent=1))
     plan = make_plan(model, candidates, ranges, act, wt, per_channel, reduce_range, options,
                      qoperator=fmt == QuantFormat.QOperator)
     folded = [] if options.get("QDQKeepRemovableActivations") else fold_relus(plan)
@@ -106,3 +123,12 @@ def quantize_static(
         quantized=sorted(plan.nodes), skipped=dict(plan.skipped), folded=list(folded),
         size_before=size_before, size_after=out.ByteSize(), ranges=ranges,
         output=os.fspath(model_output) if model_output is not None else None)
+
+
+def _read_cache(path: Path) -> dict[str, tuple[float, float]]:
+    """The ranges a previous ``quantize_static`` saved to ``calibration_cache_path``."""
+    try:
+        data = json.loads(path.read_text())
+        return {str(t): (float(r[0]), float(r[1])) for t, r in data["ranges"].items()}
+    except (OSError, ValueError, KeyError, TypeError, IndexError) as e:
+        raise InvalidArgument(f"calibration_cache_path {str(path)!r} is not a calibration cache: {e}") from None
