@@ -157,6 +157,10 @@ def test_dlpack_round_trips_without_a_copy():
     from onnxrt.ortvalue import _capsule_device
 
     assert _capsule_device(np.arange(3).__dlpack__()) == ("cpu", 0)
+    versioned = X.__dlpack__(max_version=(1, 0))
+    assert ort.OrtValue.from_dlpack(versioned).data_ptr() == X.ctypes.data
+    with pytest.raises(ort.InvalidArgument, match="not an unconsumed DLPack capsule"):
+        ort.OrtValue.from_dlpack(versioned)  # numpy consumed it
     with pytest.raises(ort.InvalidArgument, match="DLPack capsule or an object with __dlpack__"):
         ort.OrtValue.from_dlpack([1, 2])
 
