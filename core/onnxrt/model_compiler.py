@@ -4,8 +4,9 @@ onnxruntime's compile step asks compiling execution providers (QNN, OpenVINO...)
 turn the nodes they take into ``EPContext`` nodes holding precompiled binaries, and
 writes the resulting model. onnxrt's providers compile their fused groups when a
 session starts and keep nothing between processes, so there are no ``EPContext``
-nodes to write: compiling writes the model as a session sees it after the requested
-``graph_optimization_level`` (``ORT_DISABLE_ALL`` by default, as in onnxruntime),
+nodes to write: compiling writes the model as a CPU-provider session sees it after the
+requested ``graph_optimization_level`` (``ORT_DISABLE_ALL`` by default, as in onnxruntime;
+no device provider's fused kernels end up in a file another machine may load),
 which is what onnxruntime writes for a model no provider compiles (the CPU provider's
 case). ``OrtCompileApiFlags.ERROR_IF_NO_NODES_COMPILED`` therefore always fails, with
 onnxruntime's message.
