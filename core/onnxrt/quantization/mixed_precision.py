@@ -33,12 +33,25 @@ FLOAT16_MAX = 65504.0
 DEFAULT_RTOL = 1e-2
 DEFAULT_ATOL = 1e-3
 
-def _compare():
-    """``onnxrt compare``'s module (``compare_values``, ``_exposed``), imported when
-    used: the command's package is not loaded by the runtime."""
-    from ..cli import compare
+def _compare_values():
+    """``onnxrt compare``'s per-value comparison (its tolerance rule), imported when
+    used: the runtime never loads the command's package."""
+    from ..cli.compare import compare_values
 
-    return compare
+    return compare_values
+
+
+def _exposed(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model`` with every node output of the main graph also a graph output."""
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    outputs = {o.name for o in m.graph.output}
+    for n in m.graph.node:
+        for o in n.output:
+            if o and o not in outputs:
+                m.graph.output.append(onnx.ValueInfoProto(name=o))
+                outputs.add(o)
+    return m
 
 
 @dataclass
@@ -128,11 +141,11 @@ def auto_mixed_precision(
     """
     if rtol < 0 or atol < 0:
         raise InvalidArgument(f"rtol and atol must not be negative, got {rtol}, {atol}")
-    cmp = _compare()
+    compare_values = _compare_values()
     base = load_input_model(model)
     name_nodes(base.graph)
     out_names = [o.name for o in base.graph.output]
-    exposed_ref = cmp._exposed(base)
+    exposed_ref = _exposed(base)
     if not keep_io_types:
         # the float16 model receives its inputs rounded: the reference does too, so that
         # only the error of the converted nodes is measured
@@ -151,8 +164,8 @@ def auto_mixed_precision(
         m16 = convert_float_to_float16(base, keep_io_types=keep_io_types, op_block_list=ops, node_block_list=blocked)
         half_inputs = {v.name for v in m16.graph.input if v.type.tensor_type.elem_type == onnx.TensorProto.FLOAT16}
         f16 = {k: (v.astype(np.float16) if k in half_inputs else v) for k, v in feeds.items()}
-        got = _run(cmp._exposed(m16), f16, providers)
-        diffs = [cmp.compare_values(o, _as32(got[o]), ref[o], rtol, atol) for o in out_names]
+        got = _run(_exposed(m16), f16, providers)
+        diffs = [compare_values(o, _as32(got[o]), ref[o], rtol, atol) for o in out_names]
         outputs_ok = all(d.ok for d in diffs)
         if outputs_ok and validate_fn is not None:
             outputs_ok = bool(validate_fn([ref[o] for o in out_names], [got[o] for o in out_names]))
@@ -162,7 +175,7 @@ def auto_mixed_precision(
         culprit = None
         for name in order:
             node = by_name[name]
-            ds = [cmp.compare_values(o, _as32(got[o]), ref[o], rtol, atol) for o in node.output
+            ds = [compare_values(o, _as32(got[o]), ref[o], rtol, atol) for o in node.output
                   if o in got and o in ref and isinstance(ref[o], np.ndarray) and ref[o].dtype.kind == "f"]
             bad = [d for d in ds if not d.ok]
             if bad:
@@ -178,7 +191,7 @@ def auto_mixed_precision(
                 for t in node.input:
                     prod = next((p for p in base.graph.node if t in p.output), None)
                     if prod is not None and plan.get(prod.name, False):
-                        pd = cmp.compare_values(t, _as32(got[t]), ref[t], rtol, atol) if t in got else d
+                        pd = compare_values(t, _as32(got[t]), ref[t], rtol, atol) if t in got else d
                         new.append(KeptNode(prod.name, prod.op_type,
                                             f"{node.name} ({node.op_type}, float32) amplifies its float16 "
                                             f"output's error beyond tolerance", pd.max_abs, pd.max_rel))
@@ -190,7 +203,7 @@ def auto_mixed_precision(
                     continue
                 for o in by_name[name].output:
                     if o in got and o in ref and isinstance(ref[o], np.ndarray) and ref[o].dtype.kind == "f":
-                        d = cmp.compare_values(o, _as32(got[o]), ref[o], rtol, atol)
+                        d = compare_values(o, _as32(got[o]), ref[o], rtol, atol)
                         scale = max(1.0, float(np.abs(ref[o]).max(initial=0.0)))
                         s = d.max_abs / (atol * scale + 1e-30)
                         if s > score:
