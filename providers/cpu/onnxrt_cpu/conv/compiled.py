@@ -85,6 +85,11 @@ def native_geometry(x, wp, strides, dilations, pb, pe, out_sp, pad_value):
                   tuple(out_sp))
 
 
+def _vector(values, dtype, count: int):
+    """``values`` (a bias, or None) as a C-contiguous ``[count]`` vector of ``dtype``."""
+    return None if values is None else np.ascontiguousarray(values, dtype=dtype).reshape(count)
+
+
 def native_act(act):
     """``(kind, lo, hi)`` of a fused activation the compiled kernels apply, from its
     ``native`` form (FusedConv's Relu and Clip); (0, 0, 0) for none."""
@@ -105,10 +110,8 @@ def depthwise_native(x, wp, strides, dilations, pb, pe, out_sp, y, pad_value, bi
     if geo is None:
         return False
     x4, g = geo
-    if bias is not None:
-        bias = np.ascontiguousarray(bias, dtype=x.dtype).reshape(g.c)
-    kind, lo, hi = native_act(act)
-    native.K.depthwise2d(x4, wp.depthwise, bias, y, g.window(), kind, lo, hi, parallel.thread_count())
+    native.K.depthwise2d(x4, wp.depthwise, _vector(bias, x.dtype, g.c), y, g.window(), *native_act(act),
+                         parallel.thread_count())
     return True
 
 
@@ -123,8 +126,7 @@ def conv_native(x, wp, strides, dilations, pb, pe, out_sp, y, pad_value, bias, r
     if geo is None:
         return False
     x4, g = geo
-    if bias is not None:
-        bias = np.ascontiguousarray(bias, dtype=x.dtype).reshape(g.m)
+    bias = _vector(bias, x.dtype, g.m)
     if residual is not None:
         residual = np.ascontiguousarray(residual, dtype=x.dtype)
     kind, lo, hi = native_act(act)

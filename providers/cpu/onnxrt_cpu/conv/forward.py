@@ -178,12 +178,7 @@ def convolve(x, wp: ConvWeights, strides, dilations, pb, pe, out_sp, bias=None, 
         # the bands below run a gather and a product per group, each a few microseconds
         # of Python (55 groups of 8 channels at 4x4: about 0.78 ms, ~20x onnxruntime)
         conv_grouped(x, wp, strides, dilations, pb, pe, out_sp, yv, pad_value)
-        if bcol is not None:
-            yv += bcol
-        if zv is not None:
-            yv += zv
-        if activation is not None:
-            activation(yv)
+        _finish_whole(yv, bcol, zv, activation)
         return y
 
     if (
@@ -196,13 +191,7 @@ def convolve(x, wp: ConvWeights, strides, dilations, pb, pe, out_sp, bias=None, 
         and min(pe) >= 0
     ):
         conv_rows(x, wp, strides, dilations, pb, pe, out_sp, y, pad_value)
-        yb = y.reshape(n, m, L)
-        if bcol is not None:
-            yb += bcol
-        if residual is not None:
-            y += residual
-        if activation is not None:
-            activation(y)
+        _finish_whole(yv, bcol, zv, activation)
         return y
 
     # A stride of 2 along the row: each tap would read every second value of a row,
@@ -237,3 +226,15 @@ def convolve(x, wp: ConvWeights, strides, dilations, pb, pe, out_sp, bias=None, 
 
     conv_bands(x, wp, strides, dilations, pb, pe, out_sp, yv, pad_value, cphase, finish, epilogue_for)
     return y
+
+
+def _finish_whole(yv, bcol, zv, activation) -> None:
+    """The bias ``bcol`` (``[M, 1]`` or None), the residual ``zv`` (``[N, M, L]`` or
+    None) and the in-place ``activation`` (or None) on the whole output ``yv``
+    ``[N, M, L]``, after an algorithm that applies none of them."""
+    if bcol is not None:
+        yv += bcol
+    if zv is not None:
+        yv += zv
+    if activation is not None:
+        activation(yv)

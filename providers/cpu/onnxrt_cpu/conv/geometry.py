@@ -10,8 +10,8 @@ import math
 
 import numpy as np
 
-__all__ = ["check_rank", "col2im_add", "compute_dtype", "conv_pads", "pad_margins", "pad_spatial", "phase_geometry",
-           "row_pitch", "spatial_attrs", "tap_groups", "tap_slices"]
+__all__ = ["check_rank", "col2im_add", "compute_dtype", "conv_attributes", "conv_pads", "pad_margins", "pad_spatial",
+           "phase_geometry", "row_pitch", "spatial_attrs", "tap_groups", "tap_slices"]
 
 
 def compute_dtype(dt: np.dtype) -> np.dtype:
@@ -20,6 +20,12 @@ def compute_dtype(dt: np.dtype) -> np.dtype:
     if dt == np.float32 or dt == np.float64:
         return dt
     return np.dtype(np.float32)
+
+
+def conv_attributes(attrs: dict) -> tuple[int, str, list | None]:
+    """``(group, auto_pad, pads)`` of a convolution node's attributes, with the spec's
+    defaults (group 1, NOTSET, pads None: zeros)."""
+    return int(attrs.get("group", 1)), attrs.get("auto_pad", "NOTSET"), attrs.get("pads")
 
 
 def spatial_attrs(attrs: dict, nd: int, kernel=None):

@@ -18,7 +18,7 @@ from ..kernels.quantize import centred_bound, column_l1, requantize
 from . import channels_last
 from .channels_last import fill_channels_last, rows_product
 from .forward import convolve
-from .geometry import check_rank, conv_pads, spatial_attrs
+from .geometry import check_rank, conv_attributes, conv_pads, spatial_attrs
 from .packing import ConvWeights, is_constant_input, pair_count
 
 __all__ = ["IntConvBase", "exact_product", "input_bound", "requantize_output", "to_int32"]
@@ -70,10 +70,7 @@ class IntConvBase(Kernel):
     wzp_index = 3
 
     def setup(self):
-        a = self.attrs
-        self.group = int(a.get("group", 1))
-        self.auto_pad = a.get("auto_pad", "NOTSET")
-        self.pads = a.get("pads")
+        self.group, self.auto_pad, self.pads = conv_attributes(self.attrs)
         self._packed = None
         self._rows_w = None
         self._plans = {}

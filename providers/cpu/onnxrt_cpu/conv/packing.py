@@ -9,7 +9,20 @@ import math
 
 import numpy as np
 
-__all__ = ["ConvWeights", "DeconvWeights", "is_constant_input", "pair_count", "paired_rows", "weight_for"]
+__all__ = ["ConvWeights", "DeconvWeights", "grouped_channels", "is_constant_input", "pair_count", "paired_rows",
+           "weight_for"]
+
+
+def grouped_channels(w: np.ndarray, group: int, what: str) -> int:
+    """The channels on a convolution weight's first axis (``what``: "output" for
+    Conv's, "input" for ConvTranspose's), which ``group`` must divide; a ValueError
+    for a weight of rank below 3 or a group that does not divide them."""
+    if w.ndim < 3:
+        raise ValueError(f"weight must have rank >= 3, got shape {w.shape}")
+    count = w.shape[0]
+    if group < 1 or count % group:
+        raise ValueError(f"{what} channels {count} are not divisible by group {group}")
+    return count
 
 
 class ConvWeights:
@@ -23,14 +36,8 @@ class ConvWeights:
                  "_last", "_phased", "_winograd")
 
     def __init__(self, w: np.ndarray, group: int, dtype: np.dtype):
-        if w.ndim < 3:
-            raise ValueError(f"weight must have rank >= 3, got shape {w.shape}")
-        m = w.shape[0]
-        if group < 1 or m % group:
-            raise ValueError(f"output channels {m} are not divisible by group {group}")
-        self.shape = w.shape
-        self.group = group
-        self.kernel = tuple(w.shape[2:])
+        m = grouped_channels(w, group, "output")
+        self.shape, self.group, self.kernel = w.shape, group, tuple(w.shape[2:])
         self.depthwise = None
         self.absmax = None
         self._rows = None
@@ -195,14 +202,8 @@ class DeconvWeights:
     __slots__ = ("shape", "group", "kernel", "gemm")
 
     def __init__(self, w, group, dtype):
-        if w.ndim < 3:
-            raise ValueError(f"weight must have rank >= 3, got shape {w.shape}")
-        c = w.shape[0]
-        if group < 1 or c % group:
-            raise ValueError(f"input channels {c} are not divisible by group {group}")
-        self.shape = w.shape
-        self.group = group
-        self.kernel = tuple(w.shape[2:])
+        c = grouped_channels(w, group, "input")
+        self.shape, self.group, self.kernel = w.shape, group, tuple(w.shape[2:])
         wg = np.asarray(w, dtype=dtype).reshape(group, c // group, math.prod(w.shape[1:]))
         self.gemm = np.ascontiguousarray(wg.transpose(0, 2, 1))
 

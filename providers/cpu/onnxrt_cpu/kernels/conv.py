@@ -25,7 +25,7 @@ from onnxrt.plugin.pool_geometry import conv_transpose_geometry
 from .. import native
 from ..conv.compiled import WINOGRAD_MIN_CHANNELS, qlinear_conv_native
 from ..conv.forward import convolve
-from ..conv.geometry import check_rank, col2im_add, compute_dtype, conv_pads, spatial_attrs
+from ..conv.geometry import check_rank, col2im_add, compute_dtype, conv_attributes, conv_pads, spatial_attrs
 from ..conv.integer import IntConvBase, input_bound, requantize_output, to_int32
 from ..conv.packing import ConvWeights, DeconvWeights, is_constant_input, weight_for
 from ..registry import op
@@ -43,9 +43,7 @@ class Conv(Kernel):
 
     def setup(self):
         a = self.attrs
-        self.group = int(a.get("group", 1))
-        self.auto_pad = a.get("auto_pad", "NOTSET")
-        self.pads = a.get("pads")
+        self.group, self.auto_pad, self.pads = conv_attributes(a)
         self._packed = None
         self._geometries = {}
         w = self.node.constants.get(1)
