@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gc
 import json
+import linecache
 import re
 import threading
 import traceback
@@ -319,6 +320,8 @@ def test_a_traceback_shows_the_generated_line_and_the_error_names_the_step():
     line = next(ln.strip() for ln in plan.code.splitlines() if "k1(" in ln)
     assert line in text  # the generated line is shown, as for any source file
     assert isinstance(e.value.__cause__, RuntimeError)
+    linecache.clearcache()  # the source comes back through the code's loader
+    assert line in "".join(traceback.format_exception(e.value))
 
 
 @pytest.mark.parametrize("exc, typ, match", [

@@ -272,11 +272,24 @@ def _emit_handler(src: _Source, pad: str) -> None:
     src.emit(f"{pad}    raise w from e")
 
 
+class _SourceLoader:
+    """The ``__loader__`` of generated code: :mod:`linecache` asks it for the source
+    again if its cache was cleared."""
+
+    def __init__(self, text: str):
+        self.text = text
+
+    def get_source(self, name: str) -> str:
+        return self.text
+
+
 def _finish(src: _Source, name: str, label: str) -> Callable:
     """Compile ``src``, register it with :mod:`linecache` and return function ``name``."""
-    filename = f"<onnxrt {label} #{next(_serial)}>"
+    # not "<...>" alone: linecache reloads only other names through the loader
+    filename = f"<onnxrt {label} #{next(_serial)}>.py"
     text = src.text()
-    src.ns.update(wrap=wrap_error, terminated=_terminated, clock=time.perf_counter_ns)
+    src.ns.update(wrap=wrap_error, terminated=_terminated, clock=time.perf_counter_ns,
+                  __name__=filename, __loader__=_SourceLoader(text))
     exec(compile(text, filename, "exec"), src.ns)  # noqa: S102 - our own generated source
     fn = src.ns[name]
     code, line_step = fn.__code__, src.line_step
