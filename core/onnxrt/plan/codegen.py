@@ -7,20 +7,26 @@ shows the generated line::
 
     def run(feeds, outer=None, ctx=None):
         ...
+        try:
             v2 = feeds.get('x')
-            v3 = d0(v2, out=...)            # Neg: the kernel's direct call (np.negative)
+            v3 = d0(v2)                      # Neg: the kernel's direct call, np.negative
             del v2
-            if type(v4 := f1(k1, v3)) is not nd: v4 = first1(v4)   # a function kernel
+            if type(v4 := f1(k1, v3)) is not nd: v4 = first(v4)   # a function kernel
             del v3
             v5 = k2(v4, c4)[0]               # a class kernel: its run, outputs in a tuple
             del v4
             return [v5]
+        except BaseException as e:
+            ...                              # the step of e's line: wrap_error(e, step)
 
-A step calls what it can call most directly: a kernel's :meth:`~onnxrt.plugin.kernel.Kernel.direct_call`
-call where the kernel offers one, a function kernel's function itself (its result made
-an array only where it is not one already), a class kernel's bound ``run``. A failing
-step is found from the traceback's line number and its error wrapped as the run loop
-always has: naming the node, op and provider (:func:`wrap_error`).
+A step calls what it can call most directly: a kernel's
+:meth:`~onnxrt.plugin.kernel.Kernel.direct_call` where the kernel offers one, a function
+kernel's function itself (its result made an array only where it is not one already),
+a class kernel's bound ``run``. A failing step is found from the traceback's line
+number and its error wrapped as the run loop always did: naming the node, op and
+provider (:func:`wrap_error`). Around the steps a run sets the allocation cap kernels
+read (:mod:`onnxrt.run.limits`), numpy's error state (all ignored: inf and NaN as the
+ops define, never a warning) and the devices' run scopes.
 
 The code is generated on a plan's first run (or when :attr:`Plan.code` is read), from
 the steps as they are then. Runs with ``RunOptions`` or a profiler take a second
