@@ -433,7 +433,8 @@ def _loop_model(body_nodes):
         [helper.make_tensor_value_info("i", TensorProto.INT64, []),
          helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
          helper.make_tensor_value_info("v_in", F, [1])],
-        [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []), helper.make_tensor_value_info("v_out", F, [1])],
+        [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("v_out", F, [1])],
     )
     return make_model(
         [helper.make_node("Loop", ["n", "", "v0"], ["v"], body=body, name="loop")],
@@ -555,7 +556,8 @@ def test_unary_direct_calls_give_what_run_gives(op, dtype, shape):
 def test_binary_direct_calls_give_what_run_gives(op, dtype, shapes, direct):
     t = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
     model = make_model([helper.make_node(op, ["a", "b"], ["y"], name="n")],
-                       [helper.make_tensor_value_info("a", t, shapes[0]), helper.make_tensor_value_info("b", t, shapes[1])],
+                       [helper.make_tensor_value_info("a", t, shapes[0]),
+                        helper.make_tensor_value_info("b", t, shapes[1])],
                        [helper.make_tensor_value_info("y", t, None)])
     sess = _session(model)
     rng = np.random.default_rng(1)
