@@ -38,6 +38,7 @@ import numpy as np
 import onnx
 
 from ..errors import Fail, InvalidArgument
+from ..ir.naming import name_nodes
 from .common import add_model_args, console, make_feeds, make_session, model_path, providers_arg, session_options
 
 __all__ = ["ONNXRUNTIME", "ValueDiff", "InputDistance", "NodeDivergence", "CompareReport", "compare_models",
@@ -284,19 +285,6 @@ def _load(model) -> onnx.ModelProto:
     return proto
 
 
-def _named(model: onnx.ModelProto) -> onnx.ModelProto:
-    """Give every unnamed node a unique name, so both sides can report it."""
-    seen = {n.name for n in model.graph.node if n.name}
-    for i, n in enumerate(model.graph.node):
-        if not n.name:
-            name = f"{n.op_type}_{i}"
-            while name in seen:
-                name += "_"
-            n.name = name
-            seen.add(name)
-    return model
-
-
 def _exposed(model: onnx.ModelProto) -> onnx.ModelProto:
     """The model with every node output of the main graph also a graph output."""
     m = copy.deepcopy(model)
@@ -375,7 +363,8 @@ def compare_models(
         error that later nodes mask, as a saturating activation does).
     :returns: a :class:`CompareReport`.
     """
-    proto = _named(_load(model))
+    proto = _load(model)
+    name_nodes(proto.graph)  # both sides can report every node
     a, b = _Side(providers, sess_options), _Side(against, sess_options)
     if a.is_ort:
         raise InvalidArgument("the side under test must be onnxrt providers; put onnxruntime in 'against'")

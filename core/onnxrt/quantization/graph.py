@@ -112,18 +112,6 @@ class Names:
         return name
 
 
-def name_nodes(graph: onnx.GraphProto) -> None:
-    """Give every unnamed node a unique name, so that options and reports can name it."""
-    seen = {n.name for n in graph.node if n.name}
-    for i, n in enumerate(graph.node):
-        if not n.name:
-            name = f"{n.op_type}_{i}"
-            while name in seen:
-                name += "_"
-            n.name = name
-            seen.add(name)
-
-
 class GraphIndex:
     """Producers, consumers, constants and element types of a graph's tensors."""
 

@@ -25,7 +25,8 @@ import onnx
 
 from ..errors import InvalidArgument
 from .float16 import DEFAULT_OP_BLOCK_LIST, convert_float_to_float16, float16_plan
-from .graph import load_input_model, name_nodes
+from ..ir.naming import name_nodes
+from .graph import load_input_model
 
 __all__ = ["KeptNode", "MixedPrecisionReport", "auto_mixed_precision", "auto_convert_mixed_precision"]
 
