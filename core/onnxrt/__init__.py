@@ -54,6 +54,20 @@ from .environment import (
 from .sparse import OrtSparseFormat, SparseTensor
 from .adapters import AdapterFormat, LoraAdapter
 from .model_compiler import ModelCompiler, OrtCompileApiFlags, OrtExternalInitializerInfo
+from .ep_devices import (
+    OrtCompiledModelCompatibility,
+    OrtDeviceEpIncompatibilityReason,
+    OrtEpDevice,
+    OrtExecutionProviderDevicePolicy,
+    OrtHardwareDevice,
+    OrtHardwareDeviceType,
+    get_compatibility_info_from_model,
+    get_compatibility_info_from_model_bytes,
+    get_ep_devices,
+    get_hardware_device_ep_incompatibility_details,
+    get_hardware_devices,
+    get_model_compatibility_for_ep_devices,
+)
 
 try:
     from importlib.metadata import version as _version
@@ -120,5 +134,17 @@ __all__ = [
     "ModelCompiler",
     "OrtCompileApiFlags",
     "OrtExternalInitializerInfo",
+    "OrtEpDevice",
+    "OrtHardwareDevice",
+    "OrtHardwareDeviceType",
+    "OrtCompiledModelCompatibility",
+    "OrtDeviceEpIncompatibilityReason",
+    "OrtExecutionProviderDevicePolicy",
+    "get_ep_devices",
+    "get_hardware_devices",
+    "get_hardware_device_ep_incompatibility_details",
+    "get_model_compatibility_for_ep_devices",
+    "get_compatibility_info_from_model",
+    "get_compatibility_info_from_model_bytes",
     "__version__",
 ]

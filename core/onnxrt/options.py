@@ -90,6 +90,8 @@ class SessionOptions:
         #: onnxruntime's switch between per-session threads and the process-wide pools of
         #: :func:`onnxrt.set_global_thread_pool_sizes`
         self.use_per_session_threads: bool = True
+        self._providers: list[tuple[str, dict]] = []
+        self._policy = None
 
     def __setattr__(self, name: str, value: Any) -> None:
         if name == "graph_optimization_level":
@@ -141,6 +143,49 @@ class SessionOptions:
             if int(k) < 0 or int(k) > len(data):
                 raise InvalidArgument(f"in-memory file {n!r}: length {k} but the buffer holds {len(data)} bytes")
             self._external_files[str(n)] = bytes(data[: int(k)])
+
+    def add_provider(self, provider_name: str, provider_options: dict | None = None) -> None:
+        """Ask sessions built with these options (and no ``providers`` argument) for
+        ``provider_name``, in the order added; the CPU provider is always added last."""
+        if not isinstance(provider_name, str) or not provider_name:
+            raise InvalidArgument(f"add_provider needs a provider name, not {provider_name!r}")
+        self._providers.append((provider_name, dict(provider_options or {})))
+
+    def add_provider_for_devices(self, ep_devices, provider_options: dict | None = None) -> None:
+        """Ask for the providers of ``ep_devices`` (from :func:`onnxrt.get_ep_devices`)."""
+        from .ep_devices import OrtEpDevice
+
+        devices = list(ep_devices)
+        if not devices or not all(isinstance(d, OrtEpDevice) for d in devices):
+            raise InvalidArgument("add_provider_for_devices needs OrtEpDevice objects from get_ep_devices()")
+        for name in dict.fromkeys(d.ep_name for d in devices):
+            self.add_provider(name, provider_options)
+
+    def has_providers(self) -> bool:
+        """Whether providers were added with ``add_provider``/``add_provider_for_devices``
+        or chosen by a selection policy."""
+        return bool(self._providers) or self._policy is not None
+
+    def set_provider_selection_policy(self, policy) -> None:
+        """Choose providers by policy (``OrtExecutionProviderDevicePolicy``): ``PREFER_CPU``
+        takes the CPU provider only, ``PREFER_GPU`` and ``MAX_PERFORMANCE`` the GPU providers
+        first; the others keep the default choice (onnxrt has no NPU providers)."""
+        from .ep_devices import OrtExecutionProviderDevicePolicy
+
+        try:
+            self._policy = OrtExecutionProviderDevicePolicy(int(policy))
+        except (TypeError, ValueError):
+            raise InvalidArgument(f"unknown provider selection policy {policy!r}") from None
+
+    def session_providers(self):
+        """The providers sessions get from these options when none are passed (``None``: the default)."""
+        if self._providers:
+            return list(self._providers)
+        if self._policy is not None:
+            from .ep_devices import providers_for_policy
+
+            return providers_for_policy(self._policy)
+        return None
 
     def register_custom_ops_library(self, library_path: str) -> None:
         """onnxrt runs no compiled custom-op libraries: custom ops come as provider plugins

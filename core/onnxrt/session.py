@@ -132,6 +132,9 @@ class InferenceSession:
 
     # -- building -----------------------------------------------------------------------
     def _build(self, providers, provider_options) -> Built:
+        if providers is None and provider_options is None:
+            # providers chosen through the options (add_provider, a selection policy)
+            providers = self._sess_options.session_providers()
         return build(self._proto, self._weights, self._opsets, self._sess_options, providers, provider_options,
                      max_bytes=self._max_bytes, ir_overridable=self._ir_overridable)
 

@@ -543,3 +543,63 @@ def test_sparse_constant_in_a_subgraph_and_scaled_sparse_matmul():
     B = np.arange(4, dtype=np.float32).reshape(2, 2)
     y, = ort.InferenceSession(m.SerializeToString()).run(None, {"A": st, "B": B})
     np.testing.assert_allclose(y, 2.0 * st.to_dense().T @ B)
+
+
+# -- EP devices and compiled-model compatibility ------------------------------------------------------
+
+def _model_with_compat(info: dict) -> bytes:
+    m = helper.make_model(helper.make_graph([], "g", [], []), opset_imports=[helper.make_opsetid("", 13)])
+    for ep, value in info.items():
+        m.metadata_props.append(onnx.StringStringEntryProto(key=f"ep_compatibility_info.{ep}", value=value))
+    return m.SerializeToString()
+
+
+def test_ep_devices_and_hardware(square):
+    devices = ort.get_ep_devices()
+    names = [d.ep_name for d in devices]
+    assert names == [n for n in ort.get_available_providers()]
+    cpu = devices[names.index("CPUExecutionProvider")]
+    assert cpu.device.type == ort.OrtHardwareDeviceType.CPU and cpu.memory_info().name == "Cpu"
+    hw = ort.get_hardware_devices()
+    assert hw[0] == cpu.device
+    assert ort.get_hardware_device_ep_incompatibility_details("CPUExecutionProvider", hw[0]) == \
+        {"reasons_bitmask": 0, "notes": None, "error_code": 0}
+    with pytest.raises(RuntimeError, match="ep_name"):
+        ort.get_hardware_device_ep_incompatibility_details("", hw[0])
+    with pytest.raises(RuntimeError, match="No valid factory found for execution provider 'Nope'"):
+        ort.get_hardware_device_ep_incompatibility_details("Nope", hw[0])
+    assert ort.OrtDeviceEpIncompatibilityReason.UNKNOWN == 0x80000000
+    assert ort.get_model_compatibility_for_ep_devices([cpu], "any") == \
+        ort.OrtCompiledModelCompatibility.EP_NOT_APPLICABLE
+    with pytest.raises(RuntimeError, match="empty"):
+        ort.get_model_compatibility_for_ep_devices([], "info")
+    with pytest.raises(TypeError):
+        ort.get_model_compatibility_for_ep_devices(devices, None)
+    # providers chosen through the options: by device, and by policy
+    so = ort.SessionOptions()
+    assert not so.has_providers()
+    so.add_provider_for_devices([cpu])
+    assert so.has_providers()
+    assert ort.InferenceSession(square, so).get_providers() == ["CPUExecutionProvider"]
+    so = ort.SessionOptions()
+    so.set_provider_selection_policy(ort.OrtExecutionProviderDevicePolicy.PREFER_CPU)
+    assert ort.InferenceSession(square, so).get_providers() == ["CPUExecutionProvider"]
+    so = ort.SessionOptions()
+    so.add_provider("NoSuchExecutionProvider", {})
+    with pytest.raises(ort.InvalidArgument, match="is not installed"):
+        ort.InferenceSession(square, so)
+
+
+def test_compatibility_info_from_models(tmp_path):
+    data = _model_with_compat({"TestCompatEP": "v1.0"})
+    assert ort.get_compatibility_info_from_model_bytes(data, "TestCompatEP") == "v1.0"
+    assert ort.get_compatibility_info_from_model_bytes(data, "OtherEP") is None
+    assert ort.get_compatibility_info_from_model_bytes(_model_with_compat({}), "AnyEP") is None
+    for bad, ep in ((b"this is not a valid ONNX model", "EP"), (b"", "EP"), (b"data", "")):
+        with pytest.raises(RuntimeError):
+            ort.get_compatibility_info_from_model_bytes(bad, ep)
+    (tmp_path / "m.onnx").write_bytes(data)
+    assert ort.get_compatibility_info_from_model(str(tmp_path / "m.onnx"), "TestCompatEP") == "v1.0"
+    for path, ep in ((str(tmp_path / "none.onnx"), "EP"), ("", "EP"), (str(tmp_path / "m.onnx"), "")):
+        with pytest.raises(RuntimeError):
+            ort.get_compatibility_info_from_model(path, ep)
