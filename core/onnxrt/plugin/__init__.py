@@ -36,7 +36,8 @@ registers the installed providers.
 from ..run.limits import check_allocation, checked_size
 from .discovery import register_plugin, unregister_plugin
 from .hookspecs import hookimpl, hookspec
-from .kernel import FunctionKernel, Kernel, KernelDef, KernelRegistry, NodeInfo, NoKernelError, decode_attribute
+from .kernel import (DirectCall, FunctionKernel, Kernel, KernelDef, KernelRegistry, NodeInfo, NoKernelError,
+                     decode_attribute)
 from .provider import Capability, Device, ExecutionProvider, HostDevice, flag_option, group_io, selector_option, size_option
 
 __all__ = [
@@ -50,6 +51,7 @@ __all__ = [
     "selector_option",
     "Kernel",
     "FunctionKernel",
+    "DirectCall",
     "KernelDef",
     "KernelRegistry",
     "NodeInfo",
