@@ -54,7 +54,7 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 import numpy as np
 import onnx
@@ -157,9 +157,12 @@ class Kernel:
     xp = np
     host_inputs: frozenset = frozenset()
 
-    def __init__(self, node: NodeInfo):
+    def __init__(self, node: NodeInfo, device=None):
         self.node = node
         self.attrs = node.attrs
+        #: the :class:`~onnxrt.plugin.Device` the kernel computes on (``None``: the host),
+        #: known before :meth:`setup` so that a device kernel prepares its programs there
+        self.device = device
         self.setup()
 
     def setup(self) -> None:
@@ -371,9 +374,13 @@ class KernelRegistry:
 
     def update(self, other: "KernelRegistry") -> None:
         """Add every registration of ``other`` (used to merge plugin kernels)."""
-        for defs in other._defs.values():
-            for d in defs:
-                self.register(d)
+        for d in other:
+            self.register(d)
+
+    def __iter__(self) -> Iterator[KernelDef]:
+        """Every registration, in the order they were made per (domain, op_type)."""
+        for defs in list(self._defs.values()):
+            yield from defs
 
     # -- lookup -------------------------------------------------------------------
     def _ranges(self, key):
@@ -426,12 +433,12 @@ class KernelRegistry:
             reasons.append(why)
         return None, "; ".join(reasons)
 
-    def create(self, node: NodeInfo) -> Kernel:
-        """Build the kernel for ``node`` or raise :class:`NoKernelError`."""
+    def create(self, node: NodeInfo, device=None) -> Kernel:
+        """Build the kernel for ``node`` on ``device`` or raise :class:`NoKernelError`."""
         d, why = self.find(node)
         if d is None:
             raise NoKernelError(f"{node.describe()}: {why}")
-        return d.cls(node)
+        return d.cls(node, device)
 
 
 def _fmt_range(lo: int, hi: int) -> str:
