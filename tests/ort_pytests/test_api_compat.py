@@ -603,3 +603,17 @@ def test_compatibility_info_from_models(tmp_path):
     for path, ep in ((str(tmp_path / "none.onnx"), "EP"), ("", "EP"), (str(tmp_path / "m.onnx"), "")):
         with pytest.raises(RuntimeError):
             ort.get_compatibility_info_from_model(path, ep)
+
+
+def test_map_key_of_the_wrong_type_is_onnxruntimes_runtime_error():
+    from onnx import TypeProto
+
+    tp = TypeProto()
+    tp.map_type.key_type = TensorProto.INT64
+    tp.map_type.value_type.tensor_type.elem_type = TensorProto.FLOAT
+    from onnxrt.run.feeds import FeedChecker
+
+    checker = FeedChecker([("m", tp)], {"m"})
+    assert checker.check({"m": {1: np.float32(2.0)}})["m"] == {1: np.float32(2.0)}
+    with pytest.raises(RuntimeError, match="Unexpected key type  <class 'str'>, it cannot be linked to C type int64_t"):
+        checker.check({"m": {"a": 1.0}})

@@ -10,7 +10,7 @@ from onnx import TensorProto, TypeProto
 from ..dtypes import elem_type_name, np_dtype
 from ..errors import InvalidArgument
 
-__all__ = ["NodeArg", "type_to_string", "shape_of", "FeedChecker"]
+__all__ = ["NodeArg", "type_to_string", "shape_of", "FeedChecker", "MapKeyTypeError"]
 
 
 def type_to_string(tp: TypeProto | None) -> str:
@@ -63,6 +63,15 @@ def shape_of(tp: TypeProto | None) -> list[int | str | None] | None:
 # dim_params that exporters write for "unknown", not a name shared between axes:
 # paddle2onnx declares [-1, 3, '?', '?'] for an image of any height and width
 _ANONYMOUS_DIMS = frozenset({"?"})
+
+
+class MapKeyTypeError(InvalidArgument, RuntimeError):
+    """A map feed's key of the wrong type: an ``InvalidArgument`` and, as onnxruntime raises
+    it (with the same wording), a ``RuntimeError``."""
+
+
+#: onnxruntime's C names of map key types, which its message about a wrong key names
+_C_KEY_TYPES = {TensorProto.INT64: "int64_t", TensorProto.STRING: "std::string"}
 
 
 class NodeArg:
@@ -261,12 +270,14 @@ def _check_nested(label: str, tp: TypeProto | None, value: Any) -> Any:
             if isinstance(k, np.generic):
                 k = k.item()
             if want_key is int and (isinstance(k, bool) or not isinstance(k, int)):
-                raise InvalidArgument(
+                raise MapKeyTypeError(
                     f"input {label}: key {k!r:.40} is {type(k).__name__}; the map's keys are "
-                    f"{elem_type_name(key_t)}"
+                    f"{elem_type_name(key_t)} (Unexpected key type  {type(k)}, it cannot be linked to C type "
+                    f"{_C_KEY_TYPES.get(key_t, elem_type_name(key_t))})"
                 )
             if want_key is str and not isinstance(k, str):
-                raise InvalidArgument(f"input {label}: key {k!r:.40} is {type(k).__name__}; the map's keys are strings")
+                raise MapKeyTypeError(f"input {label}: key {k!r:.40} is {type(k).__name__}; the map's keys are strings "
+                                      f"(Unexpected key type  {type(k)}, it cannot be linked to C type std::string)")
             out[k] = _map_value(f"{label}[{k!r:.40}]", vt, v)
         return out
     if kind == "tensor_type":
