@@ -40,6 +40,7 @@ from __future__ import annotations
 import itertools
 import keyword
 import linecache
+import logging
 import threading
 import time
 import weakref
@@ -53,6 +54,8 @@ from ..plugin.kernel import FunctionKernel, Kernel
 from ..run.limits import _limit
 
 __all__ = ["Plan", "RunContext", "compile_steps", "wrap_error"]
+
+logger = logging.getLogger("onnxrt")
 
 _NONE_SLOT = 0  # always holds None: absent optional inputs read it
 _DISCARD_SLOT = 1  # unused optional outputs are written here and dropped
@@ -180,7 +183,7 @@ def _call(src: _Source, i: int, step, args: list[str]) -> tuple[str, str]:
     if value_fn is not None:  # a copy step: one value in, one out
         return "value", f"{src.bind(f'cp{i}', value_fn)}({', '.join(args)})"
     if isinstance(kernel, Kernel) and getattr(fn, "__func__", None) is type(kernel).run:
-        direct = kernel.direct_call() if n_out == 1 else None
+        direct = _direct_call(kernel, step) if n_out == 1 else None
         if direct is not None:
             picked = args if direct.inputs is None else [args[p] if p < len(args) else "None" for p in direct.inputs]
             extra = [src.bind(f"a{i}_{j}", a) for j, a in enumerate(direct.args)]
@@ -192,6 +195,17 @@ def _call(src: _Source, i: int, step, args: list[str]) -> tuple[str, str]:
             kw = _literal_kwargs(src, f"w{i}", kernel.kw)
             return "function", f"{f}({', '.join([k] + args)}{kw})"
     return "seq", f"{src.bind(f'k{i}', fn)}({', '.join(args)})"
+
+
+def _direct_call(kernel: Kernel, step):
+    """The kernel's :class:`~onnxrt.plugin.kernel.DirectCall`, or None; a kernel whose
+    ``direct_call`` fails runs as it would without one (the failure is logged)."""
+    try:
+        return kernel.direct_call()
+    except Exception as e:  # noqa: BLE001 - only a shortcut is lost
+        logger.warning("%s node %r: direct_call failed (%s: %s); the step calls run",
+                       step.op_type, step.node_name, type(e).__name__, e)
+        return None
 
 
 def _emit_call(src: _Source, i: int, step, args: list[str], targets: list[str], pad: str) -> None:
