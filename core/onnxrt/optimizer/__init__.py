@@ -97,10 +97,12 @@ def transformer_registry() -> TransformerRegistry:
     global _registry
     if _registry is None:
         reg = TransformerRegistry()
-        from . import basic, castlike, fusions
+        from . import basic, castlike, float16_compute, fusions
 
         basic.register(reg)
         castlike.register(reg)
+        # first of the "post" phase: the fusions then see float32 nodes
+        float16_compute.register(reg)
         fusions.register(reg)
         from ..plugin.discovery import plugin_manager
 
