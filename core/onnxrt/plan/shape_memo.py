@@ -21,7 +21,9 @@ handing one to a caller (as it does for constants); a segment whose outputs are 
 all host arrays of at most :data:`MAX_BYTES` in total stops memoizing and runs its
 steps every time; at most :data:`MAX_KEYS` shapes are kept per segment (the table
 starts again when it is full). Profiled runs and runs with ``RunOptions`` run every
-node (their loop checks each one). ``session.memoize_shapes`` set to ``0`` turns
+node (the checked variant of the generated code, :attr:`Plan.checked_code
+<onnxrt.plan.codegen.Plan.checked_code>`). A segment's steps are compiled by the same
+generator as whole plans, on its first miss. ``session.memoize_shapes`` set to ``0`` turns
 memoization off.
 """
 
