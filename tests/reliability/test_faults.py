@@ -171,25 +171,31 @@ def test_fallback_when_the_user_allows_it(faulty):
     np.testing.assert_array_equal(sess.run(None, {"x": _x(4)})[0], [-8, -10, -12])
 
 
-def _long_loop_model():
-    """A Loop of up to 10**9 iterations adding 1: it runs until stopped."""
+def _long_loop_model(reads_outer=True):
+    """A Loop of up to 10**9 iterations adding 1: it runs until stopped. Its body reads
+    the constant 1 from the main graph, or (``reads_outer=False``) makes its own."""
+    own = [] if reads_outer else [helper.make_node("Constant", [], ["one"], value_floats=[1.0])]
     body = helper.make_graph(
-        [helper.make_node("Add", ["v_in", "one"], ["v_out"]), helper.make_node("Identity", ["cond_in"], ["cond_out"])],
+        own + [helper.make_node("Add", ["v_in", "one"], ["v_out"]),
+               helper.make_node("Identity", ["cond_in"], ["cond_out"])],
         "body",
         [helper.make_tensor_value_info("i", TensorProto.INT64, []), helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
          helper.make_tensor_value_info("v_in", F, [1])],
         [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []), helper.make_tensor_value_info("v_out", F, [1])],
     )
+    outer = [helper.make_node("Constant", [], ["one"], value_floats=[1.0])] if reads_outer else []
     return make_model(
-        [helper.make_node("Constant", [], ["one"], value_floats=[1.0]),
-         helper.make_node("Loop", ["n", "", "v0"], ["v"], body=body, name="long_loop")],
+        outer + [helper.make_node("Loop", ["n", "", "v0"], ["v"], body=body, name="long_loop")],
         [helper.make_tensor_value_info("n", TensorProto.INT64, []), helper.make_tensor_value_info("v0", F, [1])],
         [helper.make_tensor_value_info("v", F, [1])],
     ).SerializeToString()
 
 
-def test_terminate_from_another_thread_stops_an_in_flight_run():
-    sess = ort.InferenceSession(_long_loop_model())
+@pytest.mark.parametrize("reads_outer", [True, False])
+def test_terminate_from_another_thread_stops_an_in_flight_run(reads_outer):
+    # a body reading nothing from outside was called without the run's context, so
+    # its Loop never saw terminate
+    sess = ort.InferenceSession(_long_loop_model(reads_outer))
     feed = {"n": np.array(10**9, np.int64), "v0": np.zeros(1, np.float32)}
     ro = ort.RunOptions()
     outcome = {}

@@ -167,6 +167,17 @@ def _literal_kwargs(src: _Source, prefix: str, kwargs: dict) -> str:
     return f", **{src.bind(prefix, dict(kwargs))}"
 
 
+def _takes_ctx(fn) -> bool:
+    """Whether a kernel's run takes the run's context (the control-flow kernels do)."""
+    import inspect
+
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+    return "ctx" in params and "outer" in params
+
+
 def _call(src: _Source, i: int, step, args: list[str]) -> tuple[str, str]:
     """How step ``i`` is called: ``(kind, expression)``, where the expression's value is
     the step's only output (``"value"``), a sequence of its outputs (``"seq"``) or a
@@ -174,8 +185,10 @@ def _call(src: _Source, i: int, step, args: list[str]) -> tuple[str, str]:
     fn = step.fn
     kernel = getattr(fn, "__self__", None)
     n_out = len(step.outs)
-    if step.implicit:
+    if step.implicit or (kernel is not None and _takes_ctx(fn)):
         # control flow: the bound run, with the outer-scope values and the run's context
+        # (a body that reads nothing from outside still needs the context: a Loop checks
+        # RunOptions.terminate between its iterations)
         outer = ", ".join(f"{n!r}: {a}" for n, a in zip([n for n, _ in step.implicit], args[len(step.ins):]))
         call_args = ", ".join(args[: len(step.ins)] + [f"outer={{{outer}}}", "ctx=ctx"])
         return "seq", f"{src.bind(f'k{i}', fn)}({call_args})"
