@@ -123,7 +123,75 @@ def seed_models() -> dict[str, ModelProto]:
          _init("scales", np.array([1, 1, 2, 2], np.float32)), _init("sidx", np.array([[0, 0]], np.int64)),
          _init("supd", np.array([9.0], np.float32))],
     )
+    seeds.update(_control_flow_seeds())
+    seeds["feedkinds"] = _feed_kinds_seed()
     return seeds
+
+
+def _control_flow_seeds() -> dict[str, ModelProto]:
+    """Bodies of every control-flow kind, for the mutations to reach into: a Scan with
+    a state and a scan output, a Loop whose carried value grows through Concat and
+    collects a sequence, an If whose branches return two values, a local function."""
+    seeds = {}
+    scan_body = helper.make_graph(
+        [helper.make_node("Add", ["st_in", "x_t"], ["st_out"]), helper.make_node("Mul", ["st_out", "x_t"], ["y_t"])],
+        "scan_body", [_vi("st_in", F, [2]), _vi("x_t", F, [2])], [_vi("st_out", F, [2]), _vi("y_t", F, [2])])
+    seeds["scan"] = _model(
+        [helper.make_node("Scan", ["s0", "xs"], ["st", "ys"], body=scan_body, num_scan_inputs=1)],
+        [_vi("s0", F, [2]), _vi("xs", F, ["T", 2])], [_vi("st", F, [2]), _vi("ys", F, ["T", 2])])
+    grow_body = helper.make_graph(
+        [helper.make_node("Identity", ["c_in"], ["c_out"]),
+         helper.make_node("Concat", ["v_in", "v_in"], ["v_out"], axis=0),
+         helper.make_node("SequenceInsert", ["q_in", "v_in"], ["q_out"]),
+         helper.make_node("ReduceSum", ["v_out"], ["tot"], keepdims=0)],
+        "grow_body",
+        [_vi("i", I64, []), _vi("c_in", B, []), _vi("v_in", F, [None]),
+         helper.make_value_info("q_in", helper.make_sequence_type_proto(helper.make_tensor_type_proto(F, None)))],
+        [_vi("c_out", B, []), _vi("v_out", F, [None]),
+         helper.make_value_info("q_out", helper.make_sequence_type_proto(helper.make_tensor_type_proto(F, None))),
+         _vi("tot", F, [])])
+    seeds["loop_grow"] = _model(
+        [helper.make_node("SequenceEmpty", [], ["q0"], dtype=F),
+         helper.make_node("Loop", ["n", "", "v", "q0"], ["vf", "qf", "tots"], body=grow_body),
+         helper.make_node("ConcatFromSequence", ["qf"], ["all"], axis=0)],
+        [_vi("n", I64, []), _vi("v", F, [1])], [_vi("vf", F, None), _vi("all", F, None), _vi("tots", F, None)])
+    then_b = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["a"]), helper.make_node("Shape", ["x"], ["b"])], "then", [],
+        [_vi("a", F, None), _vi("b", I64, None)])
+    else_b = helper.make_graph(
+        [helper.make_node("Neg", ["x"], ["a2"]), helper.make_node("Size", ["x"], ["b0"]),
+         helper.make_node("Unsqueeze", ["b0", "ax"], ["b2"])], "else", [],
+        [_vi("a2", F, None), _vi("b2", I64, None)])
+    seeds["if2"] = _model(
+        [helper.make_node("If", ["c"], ["ya", "yb"], then_branch=then_b, else_branch=else_b)],
+        [_vi("c", B, []), _vi("x", F, ["N", 3])], [_vi("ya", F, None), _vi("yb", I64, None)],
+        [_init("ax", np.array([0], np.int64))])
+    fn = helper.make_function("local", "Twice", ["x"], ["y"], [helper.make_node("Add", ["x", "x"], ["y"])],
+                              [helper.make_opsetid("", 18)])
+    m = _model([helper.make_node("Twice", ["x"], ["h"], domain="local"),
+                helper.make_node("Twice", ["h"], ["y"], domain="local")],
+               [_vi("x", F, ["N"])], [_vi("y", F, ["N"])], extra_opsets=[("local", 1)])
+    m.functions.append(fn)
+    seeds["function"] = m
+    return seeds
+
+
+def _feed_kinds_seed() -> ModelProto:
+    """Inputs of every kind a feed can take: a sequence, an optional, a string tensor and a map."""
+    seq_t = helper.make_sequence_type_proto(helper.make_tensor_type_proto(F, None))
+    opt_t = helper.make_optional_type_proto(helper.make_tensor_type_proto(F, [2]))
+    map_t = helper.make_map_type_proto(TensorProto.STRING, helper.make_tensor_type_proto(F, None))
+    return _model(
+        [helper.make_node("ConcatFromSequence", ["sq"], ["cat"], axis=0),
+         helper.make_node("OptionalHasElement", ["op"], ["has"]),
+         helper.make_node("StringNormalizer", ["st"], ["up"], case_change_action="UPPER"),
+         helper.make_node("DictVectorizer", ["mp"], ["dv"], domain="ai.onnx.ml", string_vocabulary=["a", "b"]),
+         helper.make_node("MatMul", ["mx", "mx"], ["mm"])],
+        [helper.make_value_info("sq", seq_t), helper.make_value_info("op", opt_t), _vi("st", TensorProto.STRING, [None]),
+         helper.make_value_info("mp", map_t), _vi("mx", F, [2, 2])],
+        [_vi("cat", F, None), _vi("has", B, []), _vi("up", TensorProto.STRING, None), _vi("dv", F, None),
+         _vi("mm", F, [2, 2])],
+        extra_opsets=[("ai.onnx.ml", 3)])
 
 
 # -- feeds ---------------------------------------------------------------------------------------
@@ -152,11 +220,48 @@ def _array(rnd: random.Random, dtype, shape):
     return np.array([min(max(v, info.min), info.max) for v in vals], dtype=dt).reshape(shape)
 
 
+def _other_kind(rnd: random.Random, arg, dims):
+    """A well-formed value for a sequence, optional or map input (None for a tensor)."""
+    t = arg.type
+    if t.startswith("seq("):
+        inner = _NP_BY_TYPE.get(t[4:-1], np.float32)
+        return [_array(rnd, inner, [rnd.randint(1, 3), 2]) for _ in range(rnd.randint(1, 3))]
+    if t.startswith("optional("):
+        inner = _NP_BY_TYPE.get(t[9:-1], np.float32)
+        return None if rnd.random() < 0.3 else _array(rnd, inner, [2])
+    if t.startswith("map("):
+        return {rnd.choice(["a", "b", "c"]): rnd.uniform(-2, 2) for _ in range(rnd.randint(0, 3))}
+    return None
+
+
+def _mutate_kind(rnd: random.Random, v):
+    """One thing wrong with a value of any kind: the feed kinds onnxrt checks."""
+    if isinstance(v, list):
+        return rnd.choice([v[0] if v else np.ones(2), [v], [x.astype(np.float64) for x in v], [np.matrix(x) for x in v
+                           if x.ndim == 2], v + [None], "abc"])
+    if isinstance(v, dict):
+        return rnd.choice([{1: 1.0}, {"a": "x"}, {"a": None}, {True: 1.0}, list(v.items()), {"a": np.ones(2)}])
+    if v is None:
+        return rnd.choice([[np.ones(2, np.float32)], np.ones(2), "x"])
+    if v.dtype == object:
+        return rnd.choice([v.astype("S") if v.size else v, np.array(["a", 3], dtype=object),
+                           np.array([b"\xff"]), np.array([None], dtype=object), v.astype(str)])
+    return rnd.choice([np.matrix(v) if v.ndim == 2 else v[None], np.ma.masked_array(v), v.view(_Tagged)])
+
+
+class _Tagged(np.ndarray):
+    """An ndarray subclass with nothing of its own, as a caller might pass one."""
+
+
 def make_feeds(rnd: random.Random, inputs, mutate: bool) -> dict:
     """Feeds for a session's inputs: well-formed, or (``mutate``) with one thing wrong."""
     dims: dict[str, int] = {}
     feeds = {}
     for arg in inputs:
+        other = _other_kind(rnd, arg, dims)
+        if other is not None or arg.type.startswith("optional("):
+            feeds[arg.name] = other
+            continue
         dtype = _NP_BY_TYPE.get(arg.type, np.float32)
         shape = arg.shape if arg.shape is not None else [None] * rnd.randint(0, 3)
         concrete = []
@@ -172,9 +277,14 @@ def make_feeds(rnd: random.Random, inputs, mutate: bool) -> dict:
         feeds[arg.name] = _array(rnd, dtype, concrete)
     if mutate and feeds:
         name = rnd.choice(sorted(feeds))
-        what = rnd.randrange(6)
+        what = rnd.randrange(7)
         v = feeds[name]
-        if what == 0:
+        if what == 6 or not isinstance(v, np.ndarray):
+            if what == 0:
+                del feeds[name]
+            else:
+                feeds[name] = _mutate_kind(rnd, v)
+        elif what == 0:
             del feeds[name]
         elif what == 1:
             feeds[name + "_extra"] = v
@@ -281,6 +391,48 @@ def _mutate_tensor(rnd, t):
         t.float_data.extend([1.0] * rnd.randint(0, 3))
 
 
+_CONTROL = ("If", "Loop", "Scan")
+
+
+def _mutate_body(rnd: random.Random, g) -> bool:
+    """Change a control-flow body so that it no longer fits its node: drop or add a
+    body output or input, change a declared output type, swap an If's branches'
+    outputs. Returns False where the graph has no control-flow node."""
+    nodes = [n for n in g.node if n.op_type in _CONTROL]
+    if not nodes:
+        return False
+    node = rnd.choice(nodes)
+    bodies = [a.g for a in node.attribute if a.type == AttributeProto.GRAPH]
+    if not bodies:
+        return False
+    body = rnd.choice(bodies)
+    what = rnd.randrange(5)
+    if what == 0 and body.output:
+        del body.output[rnd.randrange(len(body.output))]
+    elif what == 1 and body.input:
+        del body.input[rnd.randrange(len(body.input))]
+    elif what == 2 and body.output:
+        vi = rnd.choice(body.output)
+        if vi.type.HasField("tensor_type"):
+            vi.type.tensor_type.elem_type = rnd.choice([TensorProto.INT64, TensorProto.DOUBLE, TensorProto.BOOL, 0])
+        else:
+            vi.type.CopyFrom(helper.make_tensor_type_proto(F, None))
+    elif what == 3:
+        extra = onnx.ValueInfoProto()
+        extra.CopyFrom(rnd.choice(list(body.output) or list(body.input) or [_vi("nothing")]))
+        (body.output if rnd.random() < 0.5 else body.input).append(extra)
+    elif len(bodies) == 2 and bodies[0].output and bodies[1].output:
+        a, b = bodies[0].output[0], bodies[1].output[-1]
+        ta, tb = onnx.TypeProto(), onnx.TypeProto()
+        ta.CopyFrom(a.type)
+        tb.CopyFrom(b.type)
+        a.type.CopyFrom(tb)
+        b.type.CopyFrom(ta)
+    else:
+        node.output.append(f"extra_{len(node.output)}")
+    return True
+
+
 def mutate_model(rnd: random.Random, model: ModelProto, n: int = 1) -> bytes:
     """Apply ``n`` random mutations to a copy of ``model`` and return its bytes."""
     m = ModelProto()
@@ -289,7 +441,9 @@ def mutate_model(rnd: random.Random, model: ModelProto, n: int = 1) -> bytes:
     for _ in range(n):
         graphs = list(_all_graphs(m.graph))
         g = rnd.choice(graphs)
-        kind = rnd.randrange(10)
+        kind = rnd.randrange(11)
+        if kind == 9 and _mutate_body(rnd, rnd.choice(graphs)):
+            continue
         if kind == 0 and g.node:
             rnd.choice(g.node).op_type = rnd.choice(_OPS)
         elif kind in (1, 2) and g.node:

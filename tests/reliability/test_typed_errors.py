@@ -107,3 +107,22 @@ def test_model_file_over_the_address_space_limit(tmp_path, size, match):
     import re
 
     assert re.search(match, out.stdout), out.stdout + out.stderr[-2000:]
+
+
+@pytest.mark.parametrize("op,domain,attrs", [
+    ("DictVectorizer", "ai.onnx.ml", {"string_vocabulary": ["a"]}),
+    ("Relu", "", {}),
+    ("Gather", "", {}),
+])
+def test_a_required_input_with_an_empty_name_is_invalid_graph(op, domain, attrs):
+    # onnx's shape inference dereferenced the missing input's type: DictVectorizer with
+    # an empty input crashed the interpreter (found by the fuzz test's feed-kinds seed)
+    from onnx import TensorProto, helper
+
+    n_in = 2 if op == "Gather" else 1
+    node = helper.make_node(op, [""] * n_in, ["y"], domain=domain, **attrs)
+    graph = helper.make_graph([node], "g", [], [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    model = helper.make_model(graph, ir_version=10, opset_imports=[helper.make_opsetid("", 18),
+                                                                   helper.make_opsetid("ai.onnx.ml", 3)])
+    with pytest.raises(ort.InvalidGraph, match=f"node '{op}' \\({op}\\): its input 0 is required"):
+        ort.InferenceSession(model.SerializeToString())

@@ -14,6 +14,7 @@ always resolve against the model's own folder, and ``checksum`` is not verified.
 from __future__ import annotations
 
 import errno
+import functools
 import os
 import stat
 from pathlib import Path
@@ -76,6 +77,7 @@ def load_model(model, *, base_dir: str | os.PathLike | None = None,
     _check_text(proto, "model")
     _check_initializer_names(proto.graph, "main graph")
     _check_function_calls(proto)
+    _check_required_inputs(proto)
     if external_initializers:
         _supply_initializers(proto, external_initializers)
     _load_external_data(proto, model_dir, Path(real_dir) if real_dir is not None else None, external_files or {})
@@ -93,6 +95,54 @@ def _supply_initializers(proto: ModelProto, values: dict) -> None:
             raise InvalidArgument(f"add_external_initializers: the model has no initializer {name!r}")
         a = value.numpy() if hasattr(value, "numpy") else np.asarray(value)
         t.CopyFrom(numpy_helper.from_array(np.asarray(a), name))
+
+
+@functools.lru_cache(maxsize=None)
+def _required_positions(op_type: str, domain: str, opset: int) -> tuple[int, ...]:
+    """The input positions an op's ONNX schema requires (neither optional nor variadic)."""
+    try:
+        schema = onnx.defs.get_schema(op_type, opset, domain)
+    except Exception:  # noqa: BLE001 - no schema: nothing to check here
+        return ()
+    single = onnx.defs.OpSchema.FormalParameterOption.Single
+    return tuple(i for i, p in enumerate(schema.inputs) if p.option == single)
+
+
+def _check_required_inputs(proto: ModelProto) -> None:
+    """A node of a standard domain whose required input is given as an empty name is
+    refused before shape inference sees it: onnx's inference dereferences the missing
+    input's type (DictVectorizer with an empty input crashed the interpreter)."""
+    from ..ir.graph import MAX_NESTING
+
+    opsets = {("" if o.domain == "ai.onnx" else o.domain): o.version for o in proto.opset_import}
+    opsets.setdefault("", 1)
+    missing: list[str] = []
+
+    def walk(nodes, ops, depth):
+        if depth > MAX_NESTING:
+            raise InvalidGraph(f"subgraphs are nested more than {MAX_NESTING} levels deep")
+        for n in nodes:
+            dom = "" if n.domain == "ai.onnx" else n.domain
+            if not missing and dom in ("", "ai.onnx.ml", "ai.onnx.preview.training") and dom in ops:
+                for i in _required_positions(n.op_type, dom, ops[dom]):
+                    if i >= len(n.input) or not n.input[i]:
+                        missing.append(f"node {n.name or n.op_type!r} ({n.op_type}): its input {i} is required, "
+                                       "but is missing or has an empty name")
+                        break
+            for a in n.attribute:
+                if a.HasField("g"):
+                    walk(a.g.node, ops, depth + 1)
+                for g in a.graphs:
+                    walk(g.node, ops, depth + 1)
+
+    # the whole walk first: a graph nested too deep is reported as that
+    walk(proto.graph.node, opsets, 0)
+    for f in proto.functions:
+        ops = dict(opsets)
+        ops.update({("" if o.domain == "ai.onnx" else o.domain): o.version for o in f.opset_import})
+        walk(f.node, ops, 0)
+    if missing:
+        raise InvalidGraph(missing[0])
 
 
 def _check_function_calls(proto: ModelProto) -> None:
