@@ -126,3 +126,15 @@ def test_a_required_input_with_an_empty_name_is_invalid_graph(op, domain, attrs)
                                                                    helper.make_opsetid("ai.onnx.ml", 3)])
     with pytest.raises(ort.InvalidGraph, match=f"node '{op}' \\({op}\\): its input 0 is required"):
         ort.InferenceSession(model.SerializeToString())
+
+
+def test_a_node_reading_a_name_defined_nowhere_is_invalid_graph_before_shape_inference():
+    # the same crash of onnx's inference as an empty input: the name has no type at all
+    from onnx import TensorProto, helper
+
+    node = helper.make_node("DictVectorizer", ["nowhere"], ["y"], domain="ai.onnx.ml", string_vocabulary=["a"])
+    graph = helper.make_graph([node], "g", [], [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    model = helper.make_model(graph, ir_version=10, opset_imports=[helper.make_opsetid("", 18),
+                                                                   helper.make_opsetid("ai.onnx.ml", 3)])
+    with pytest.raises(ort.InvalidGraph, match="reads 'nowhere', which is not defined"):
+        ort.InferenceSession(model.SerializeToString())

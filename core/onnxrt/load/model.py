@@ -117,11 +117,36 @@ def _check_required_inputs(proto: ModelProto) -> None:
     opsets = {("" if o.domain == "ai.onnx" else o.domain): o.version for o in proto.opset_import}
     opsets.setdefault("", 1)
     missing: list[str] = []
+    # every name the model defines anywhere: a read of any other name has no type at
+    # all, which is what onnx's inference does not survive (the exact scoping is
+    # checked when the graph is built)
+    defined: set[str] = set()
 
-    def walk(nodes, ops, depth):
+    def collect(graph, depth):
+        if depth > MAX_NESTING:
+            return
+        defined.update(vi.name for vi in graph.input)
+        defined.update(t.name for t in graph.initializer)
+        defined.update(st.values.name for st in graph.sparse_initializer)
+        for n in graph.node:
+            defined.update(n.output)
+            for a in n.attribute:
+                if a.HasField("g"):
+                    collect(a.g, depth + 1)
+                for g in a.graphs:
+                    collect(g, depth + 1)
+
+    collect(proto.graph, 0)
+
+    def walk(nodes, ops, depth, names):
         if depth > MAX_NESTING:
             raise InvalidGraph(f"subgraphs are nested more than {MAX_NESTING} levels deep")
         for n in nodes:
+            if not missing:
+                for x in n.input:
+                    if x and x not in names:
+                        missing.append(f"node {n.name or n.op_type!r} ({n.op_type}) reads {x!r}, which is not defined")
+                        break
             dom = "" if n.domain == "ai.onnx" else n.domain
             if not missing and dom in ("", "ai.onnx.ml", "ai.onnx.preview.training") and dom in ops:
                 for i in _required_positions(n.op_type, dom, ops[dom]):
@@ -131,18 +156,39 @@ def _check_required_inputs(proto: ModelProto) -> None:
                         break
             for a in n.attribute:
                 if a.HasField("g"):
-                    walk(a.g.node, ops, depth + 1)
+                    walk(a.g.node, ops, depth + 1, names)
                 for g in a.graphs:
-                    walk(g.node, ops, depth + 1)
+                    walk(g.node, ops, depth + 1, names)
 
     # the whole walk first: a graph nested too deep is reported as that
-    walk(proto.graph.node, opsets, 0)
+    walk(proto.graph.node, opsets, 0, defined)
     for f in proto.functions:
         ops = dict(opsets)
         ops.update({("" if o.domain == "ai.onnx" else o.domain): o.version for o in f.opset_import})
-        walk(f.node, ops, 0)
+        in_function = set(f.input)
+        for n in f.node:
+            in_function.update(n.output)
+        walk(f.node, ops, 0, in_function | _subgraph_names(f.node))
     if missing:
         raise InvalidGraph(missing[0])
+
+
+def _subgraph_names(nodes) -> set[str]:
+    """The names the subgraphs of ``nodes`` define (inputs, initializers, outputs), at any depth."""
+    out: set[str] = set()
+    stack = [(a.g, 0) for n in nodes for a in n.attribute if a.HasField("g")]
+    stack += [(g, 0) for n in nodes for a in n.attribute for g in a.graphs]
+    while stack:
+        g, depth = stack.pop()
+        if depth > 24:
+            continue
+        out.update(vi.name for vi in g.input)
+        out.update(t.name for t in g.initializer)
+        for n in g.node:
+            out.update(n.output)
+            stack += [(a.g, depth + 1) for a in n.attribute if a.HasField("g")]
+            stack += [(s, depth + 1) for a in n.attribute for s in a.graphs]
+    return out
 
 
 def _check_function_calls(proto: ModelProto) -> None:
