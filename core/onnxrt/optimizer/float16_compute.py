@@ -96,8 +96,13 @@ ORT_FLOAT16_KERNELS: dict[tuple[str, str], tuple[tuple[int, int], ...]] = {
 #: runs them as they are) and ops that make or read state
 _LEFT_ALONE = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike",
                "Bernoulli", "Multinomial", "Constant", "CastLike", "EyeLike"}
+#: float16 ops whose result on float16 values is exactly a float16 value: computed in
+#: float32 on float16 inputs they need no rounding after them
+_EXACT = {"Clip", "Max", "Min", "Round", "Sign"}
 #: marks the Casts this transform made (node attribute ``doc_string``)
 _MADE = "float16_compute: a float16 node computed in float32 on the CPU provider"
+#: and the Casts to float32 that keep a rounding to float16 onnxruntime makes
+_ROUNDING = _MADE + "; the rounding to float16 before it stays"
 
 
 def _ort_has_float16(node) -> bool:
@@ -252,8 +257,6 @@ def _convert(graph, ctx) -> bool:
     for n in nodes:
         if not _ort_has_float16(n) and convertible(n):
             converted.add(id(n))
-    if not converted:
-        return False
     # onnxruntime's IsIsolatedFp16Node, in graph order: a node with a float16 kernel
     # whose float16 inputs all come from converted nodes is converted too
     if len(nodes) > 1:
@@ -265,8 +268,16 @@ def _convert(graph, ctx) -> bool:
                 continue
             if all(i in producers and id(producers[i]) in converted for i in f16_in) and convertible(n):
                 converted.add(id(n))
+    # float16 nodes whose result on float16 values is a float16 value (Clip, Max...):
+    # computed in float32 on their rounded inputs, they give onnxruntime's float16
+    # result exactly, without numpy's emulated float16 arithmetic
+    exact = {id(n) for n in nodes if id(n) not in converted and n.op_type in _EXACT and n.domain in ("", "ai.onnx")
+             and _ort_has_float16(n) and convertible(n)}
+    converted |= exact
+    if not converted:
+        return False
 
-    cast_of: dict[str, str] = {}  # float16 value -> its float32 form
+    cast_of: dict[tuple[str, bool], str] = {}  # (float16 value, rounding kept) -> its float32 form
     new_nodes = []
     for n in nodes:
         if id(n) not in converted:
@@ -277,16 +288,23 @@ def _convert(graph, ctx) -> bool:
             if not i or types.elem(i) != _F16:
                 ins.append(i)
                 continue
-            if i not in cast_of:
+            # an exact node reads its inputs rounded to float16, as onnxruntime's
+            # float16 kernel does, unless they come from another exact node
+            keep = id(n) in exact and not (i in producers and id(producers[i]) in exact)
+            key = (i, keep)
+            if key not in cast_of:
                 name = graph.unique_name(f"{i}_float32")
                 if i in graph.initializers and i not in types.overridable:
                     # exact: every float16 value is a float32 value
                     graph.initializers[name] = np.asarray(graph.initializers[i]).astype(np.float32)
                 else:
-                    new_nodes.append(_cast(graph, i, name, _F32))
+                    cast = _cast(graph, i, name, _F32)
+                    if keep:
+                        cast.doc_string = _ROUNDING
+                    new_nodes.append(cast)
                 graph.value_types[name] = types.as_float32(i)
-                cast_of[i] = name
-            ins.append(cast_of[i])
+                cast_of[key] = name
+            ins.append(cast_of[key])
         outs, after = [], []
         for o in n.outputs:
             if not o or types.elem(o) != _F16:
@@ -302,7 +320,7 @@ def _convert(graph, ctx) -> bool:
         new_nodes.extend(after)
     graph.nodes = new_nodes
     _remove_cast_pairs(graph, types)
-    _drop_unread(graph, [i for i in cast_of if i in graph.initializers])
+    _drop_unread(graph, [i for i, _ in cast_of if i in graph.initializers])
     graph.topological_sort()
     return True
 
@@ -319,7 +337,9 @@ def _remove_cast_pairs(graph, types: _Types) -> None:
         if not _is_cast(y, _F16) or types.elem(y.inputs[0]) != _F32 or id(y) in drop:
             continue
         readers = consumers.get(y.outputs[0], [])
-        casts = [r for r in readers if r.op_type == "Cast" and r.domain in ("", "ai.onnx")]
+        # a protected Cast is a reader like any other node: the rounding before it stays
+        casts = [r for r in readers if r.op_type == "Cast" and r.domain in ("", "ai.onnx")
+                 and r.doc_string != _ROUNDING]
         if not (y.doc_string == _MADE or any(r.doc_string == _MADE for r in casts)):
             continue
         if any(not _known_group(int(r.attr("to", 0))) for r in casts):
@@ -370,7 +390,7 @@ def _drop_unread(graph, replaced) -> None:
             used.update(n.inputs)
             if n.subgraphs:
                 used.update(n.implicit_inputs())
-        keep = [n for n in graph.nodes if n.doc_string != _MADE or n.outputs[0] in used]
+        keep = [n for n in graph.nodes if n.doc_string not in (_MADE, _ROUNDING) or n.outputs[0] in used]
         if len(keep) == len(graph.nodes):
             break
         graph.nodes = keep

@@ -284,3 +284,35 @@ def test_if_bodies_are_converted_and_the_if_left_alone():
     for c in (True, False):
         feeds = {"c": np.array(c), "x": x}
         assert _ulps(sess.run(None, feeds)[0], ref.run(None, feeds)[0]) <= ORT_ULPS
+
+
+def test_clip_between_convolutions_keeps_onnxruntimes_roundings():
+    # onnxruntime has a float16 Clip: it rounds the convolution's output, clips in
+    # float16 and casts back for the next convolution. onnxrt clips in float32 the
+    # same rounded values: Clip of float16 values with float16 bounds is a float16
+    # value, so the results are onnxruntime's exactly, and nothing rounds after it
+    rng = np.random.default_rng(4)
+    nodes = [h.make_node("Conv", ["x", "w1"], ["c1"], pads=[1, 1, 1, 1]),
+             h.make_node("Clip", ["c1", "lo", "hi"], ["r1"]),
+             h.make_node("Conv", ["r1", "w2"], ["y"], pads=[1, 1, 1, 1])]
+    g = h.make_graph(nodes, "clip", [h.make_tensor_value_info("x", TP.FLOAT16, [1, 4, 16, 16])],
+                     [h.make_tensor_value_info("y", TP.FLOAT16, [1, 8, 16, 16])],
+                     [_init("w1", (rng.standard_normal((8, 4, 3, 3)) * 0.5).astype(F16)),
+                      _init("w2", (rng.standard_normal((8, 8, 3, 3)) * 0.3).astype(F16)),
+                      _init("lo", np.array(0, F16)), _init("hi", np.array(6, F16))])
+    model = h.make_model(g, opset_imports=[h.make_opsetid("", 17)], ir_version=9).SerializeToString()
+    sess = _session(model, level=onnxrt.GraphOptimizationLevel.ORT_ENABLE_BASIC)
+    graph = sess._built.graph
+    by_out = {o: n for n in graph.nodes for o in n.outputs}
+    clip = next(n for n in graph.nodes if n.op_type == "Clip")
+    assert graph.value_types[clip.outputs[0]].tensor_type.elem_type == TP.FLOAT
+    up = by_out[clip.inputs[0]]
+    assert up.op_type == "Cast" and up.attr("to") == TP.FLOAT
+    assert by_out[up.inputs[0]].op_type == "Cast" and by_out[up.inputs[0]].attr("to") == TP.FLOAT16
+    conv2 = next(n for n in graph.nodes if n.op_type == "Conv" and n.inputs[0] == clip.outputs[0])
+    assert conv2 is not None
+    assert [n.op_type for n in graph.nodes].count("Cast") == 4
+    x = (rng.standard_normal((1, 4, 16, 16)) * 3).astype(F16)
+    exp = ort.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    for s in (sess, _session(model)):
+        assert _ulps(s.run(None, {"x": x})[0], exp) <= ORT_ULPS
