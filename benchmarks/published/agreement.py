@@ -93,7 +93,7 @@ def float32_agree(name: str, a: np.ndarray, b: np.ndarray) -> Verdict:
     bound = ATOL * scale + RTOL * mag
     worst = int(np.argmax(d - bound))
     return Verdict(name, bool((d <= bound).all()), float(d.max()), float(bound.flat[worst]),
-                   f"float32: {ATOL:g} x {scale:.3g} + {RTOL:g} x |b|; {float(d.max()) / scale:.2g} of the magnitude")
+                   f"float32: {ATOL:g} x {scale:.3g} + {RTOL:g} x abs(b); {float(d.max()) / scale:.2g} of the magnitude")
 
 
 def float16_agree(name: str, a: np.ndarray, b: np.ndarray) -> Verdict:

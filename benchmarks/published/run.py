@@ -5,7 +5,8 @@
 For each model of the manifest (``models.py``; fetched and hash-checked by ``fetch.py``):
 
 * latency: both runtimes in one process at the same thread count (onnxrt
-  ``intra_op_num_threads=N``; onnxruntime the same with ``inter_op_num_threads=1``),
+  ``intra_op_num_threads=N``; onnxruntime the same with ``inter_op_num_threads=1``
+  and its threads' spinning off, as in ``benchmarks/run.py``),
   alternating one run each after a warm-up, so load from other processes falls on both
   alike; the median and p90 of each and onnxrt's ratio to onnxruntime for both. This
   runs in a child process twice: with the environment's ``OPENBLAS_CORETYPE`` and
@@ -61,6 +62,10 @@ def _sessions(path: str, threads: int):
     ro.intra_op_num_threads = threads
     ro.inter_op_num_threads = 1
     ro.log_severity_level = 3
+    # onnxruntime's pool threads busy-wait after each run; in a shared process that
+    # spinning slows the onnxrt run that follows (as benchmarks/run.py found), so it is
+    # off, as there
+    ro.add_session_config_entry("session.intra_op.allow_spinning", "0")
     theirs = rt.InferenceSession(path, ro, providers=["CPUExecutionProvider"])
     return ours, theirs
 
@@ -329,6 +334,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-write", action="store_true", help="do not write docs/benchmarks.md")
     ap.add_argument("--json", type=Path, help="also write the raw results here")
     ap.add_argument("--agree", help="a line on agreement to print under the table (the tests' result)")
+    ap.add_argument("--from-json", type=Path, help="render the results of an earlier --json run, measuring nothing")
     ap.add_argument("--child-latency", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--child-rss", nargs=2, metavar=("RUNTIME", "KEY"), help=argparse.SUPPRESS)
     ap.add_argument("--child-profile", metavar="KEY", help=argparse.SUPPRESS)
@@ -346,6 +352,15 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(profile_onnxrt(get(a.child_profile), a.threads, a.profile_runs)))
         return 0
 
+    if a.from_json:
+        res = json.loads(a.from_json.read_text())
+        if a.agree:
+            res["agree"] = a.agree
+        text = render(res)
+        print(text)
+        if not a.no_write:
+            write_doc(text)
+        return 0
     import onnxruntime
 
     for k in keys:  # fetch first, so that no download falls inside a measurement
