@@ -344,3 +344,165 @@ def test_compiled_loop_bad_arguments_are_typed_errors():
     bad(TypeError, "lens", lens=np.array([3, 1], np.int32))
     bad(ValueError, r"lens\[1\] = 4 lies outside", lens=np.array([3, 4]))
     bad(ValueError, "peep holds", peep=np.zeros((dirs, 2 * hid), f))
+
+
+# -- weights that are not constants of the node ----------------------------------------
+
+
+@pytest.fixture
+def pack_calls(monkeypatch):
+    """The op types of the recurrent kernels' weight packings, in order."""
+    from onnxrt_cpu.kernels import rnn
+
+    calls = []
+    pack = rnn._Recurrent._pack
+
+    def counting(self, *args):
+        calls.append(self.node.op_type)
+        return pack(self, *args)
+
+    monkeypatch.setattr(rnn._Recurrent, "_pack", counting)
+    return calls
+
+
+def _session(model, threads, kernels):
+    """A session made (and run, by the caller) with ``native.K`` as ``kernels``."""
+    so = onnxrt.SessionOptions()
+    so.intra_op_num_threads = threads
+    return onnxrt.InferenceSession(model, so, providers=["CPUExecutionProvider"])
+
+
+def _fresh(model, feeds, threads, kernels):
+    """The outputs of a new session (one packing of these weights)."""
+    saved = native.K
+    native.K = kernels
+    try:
+        return _session(model, threads, kernels).run(None, feeds)
+    finally:
+        native.K = saved
+
+
+@pytest.mark.parametrize("op,attrs", [("LSTM", {}), ("GRU", {"linear_before_reset": 1}), ("GRU", {}), ("RNN", {})])
+@pytest.mark.parametrize("compiled", [True, False])
+def test_fed_weights_are_packed_again_only_when_their_bits_change(op, attrs, compiled, pack_calls):
+    # W, R and B fed: packed on the first run, then reused while the next runs' are
+    # the same bits (fresh copies included), packed again when any bit changes (the
+    # caller's arrays changed in place, a 0.0 that becomes -0.0); a NaN is its own
+    # value. Every run gives what a new session gives for its weights, bit for bit,
+    # on the compiled loop and on the numpy loop
+    kernels = native.K if compiled else None
+    model, feeds = _layer(op, "bidirectional", 1, 2, 6, 16, states=("h0",), fed_weights=True,
+                          rng=np.random.default_rng(31), **attrs)
+    saved = native.K
+    native.K = kernels
+    try:
+        sess = _session(model, 2, kernels)
+        del pack_calls[:]
+
+        def run(expect_pack: bool):
+            before = len(pack_calls)
+            got = sess.run(None, feeds)
+            assert len(pack_calls) - before == int(expect_pack)
+            return got
+
+        first = run(True)
+        feeds = {k: v.copy() for k, v in feeds.items()}
+        for a, b in zip(run(False), first):
+            np.testing.assert_array_equal(a, b)
+        feeds["r"][0, 3, 2] += 0.25  # in place: the same array, other values
+        changed = run(True)
+        assert not np.array_equal(changed[0], first[0])
+        checked = [(changed, {k: v.copy() for k, v in feeds.items()})]
+        feeds["b"][1, 5] = 0.0
+        run(True)
+        run(False)
+        feeds["b"][1, 5] = -0.0
+        checked.append((run(True), {k: v.copy() for k, v in feeds.items()}))
+        feeds["w"][0, 0, 0] = np.nan
+        nan = run(True)
+        assert np.isnan(nan[0]).any()
+        for a, b in zip(run(False), nan):
+            np.testing.assert_array_equal(a, b)
+        checked.append((nan, {k: v.copy() for k, v in feeds.items()}))
+    finally:
+        native.K = saved
+    for got, fed in checked:
+        for a, b in zip(got, _fresh(model, fed, 2, kernels)):
+            np.testing.assert_array_equal(a, b)
+    fed = checked[0][1]
+    expected = rt.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, fed)
+    _assert_close(checked[0][0], expected, _ATOL_ORT, "onnxruntime")
+
+
+def _lstm_in_an_if(hidden=16, size=8, seq=1, batch=1, rng=None):
+    """Silero VAD's pattern: an LSTM inside an If branch whose W, R and B the branch
+    slices and concatenates from constants of the enclosing graph, so the node has no
+    constant weights. (model bytes, feeds)."""
+    rng = rng or np.random.default_rng(5)
+    s = 1 / np.sqrt(hidden)
+    w = rng.uniform(-s, s, (4 * hidden, size)).astype(np.float32)
+    r = rng.uniform(-s, s, (4 * hidden, hidden)).astype(np.float32)
+    b = rng.uniform(-s, s, (8 * hidden,)).astype(np.float32)
+    inits = [numpy_helper.from_array(w, "w_src"), numpy_helper.from_array(r, "r_src"),
+             numpy_helper.from_array(b, "b_src"), numpy_helper.from_array(np.array([0], np.int64), "zero"),
+             numpy_helper.from_array(np.array([2 * hidden], np.int64), "half"),
+             numpy_helper.from_array(np.array([4 * hidden], np.int64), "all")]
+
+    def branch(name, order):
+        # the gate blocks sliced and put back (in another order in the else branch)
+        nodes = [helper.make_node("Slice", ["w_src", "zero", "half"], [f"{name}_w0"]),
+                 helper.make_node("Slice", ["w_src", "half", "all"], [f"{name}_w1"]),
+                 helper.make_node("Concat", [f"{name}_w{order[0]}", f"{name}_w{order[1]}"], [f"{name}_wc"], axis=0),
+                 helper.make_node("Unsqueeze", [f"{name}_wc", "zero"], [f"{name}_w"]),
+                 helper.make_node("Unsqueeze", ["r_src", "zero"], [f"{name}_r"]),
+                 helper.make_node("Unsqueeze", ["b_src", "zero"], [f"{name}_b"]),
+                 helper.make_node("LSTM", ["x", f"{name}_w", f"{name}_r", f"{name}_b", "", "h0", "c0"],
+                                  [f"{name}_y", f"{name}_yh", f"{name}_yc"], hidden_size=hidden)]
+        outs = [helper.make_tensor_value_info(f"{name}_{o}", TensorProto.FLOAT, None) for o in ("y", "yh", "yc")]
+        return helper.make_graph(nodes, name, [], outs)
+
+    node = helper.make_node("If", ["cond"], ["y", "yh", "yc"], then_branch=branch("then", (0, 1)),
+                            else_branch=branch("else", (1, 0)))
+    state = [1, batch, hidden]
+    inputs = [helper.make_tensor_value_info("cond", TensorProto.BOOL, []),
+              helper.make_tensor_value_info("x", TensorProto.FLOAT, [seq, batch, size]),
+              helper.make_tensor_value_info("h0", TensorProto.FLOAT, state),
+              helper.make_tensor_value_info("c0", TensorProto.FLOAT, state)]
+    outs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("y", "yh", "yc")]
+    model = make_model([node], inputs, outs, inits, opset=14)
+    feeds = {"cond": np.array(True), "x": rng.standard_normal((seq, batch, size)).astype(np.float32),
+             "h0": (0.5 * rng.standard_normal(state)).astype(np.float32),
+             "c0": (0.5 * rng.standard_normal(state)).astype(np.float32)}
+    return model.SerializeToString(), feeds
+
+
+@pytest.mark.parametrize("compiled", [True, False])
+def test_weights_computed_inside_an_if_branch_are_packed_once(compiled, pack_calls):
+    # one packing per branch over many runs (the weights are computed anew each run,
+    # the same values), and each run's outputs those of a new session, bit for bit,
+    # and onnxruntime's within its tolerance; the two branches' weights differ
+    kernels = native.K if compiled else None
+    model, feeds = _lstm_in_an_if()
+    saved = native.K
+    native.K = kernels
+    try:
+        sess = _session(model, 2, kernels)
+        del pack_calls[:]
+        runs = [sess.run(None, feeds) for _ in range(4)]
+        assert len(pack_calls) <= 1  # none where the optimizer folds the weights
+        other = {**feeds, "cond": np.array(False)}
+        runs_else = [sess.run(None, other) for _ in range(3)]
+        assert len(pack_calls) <= 2
+    finally:
+        native.K = saved
+    want, want_else = _fresh(model, feeds, 2, kernels), _fresh(model, other, 2, kernels)
+    for got in runs:
+        for a, b in zip(got, want):
+            np.testing.assert_array_equal(a, b)
+    for got in runs_else:
+        for a, b in zip(got, want_else):
+            np.testing.assert_array_equal(a, b)
+    assert not np.array_equal(want[0], want_else[0])
+    for got, f in ((want, feeds), (want_else, other)):
+        _assert_close(got, rt.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, f),
+                      _ATOL_ORT, "onnxruntime")
