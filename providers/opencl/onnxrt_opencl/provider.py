@@ -106,6 +106,22 @@ class OpenCLExecutionProvider(ExecutionProvider):
             return _availability["default"]
 
     @classmethod
+    def details(cls) -> str:
+        """The default device sessions get: its name, platform and type; empty when the
+        provider is unavailable (its reason says why).
+
+        Cheap: it reuses the runtime :meth:`is_available` already built, and it never
+        raises (pyopencl missing, no ICD, a driver error) so the listing always prints."""
+        try:
+            if cls.is_available() is not None:
+                return ""
+            from .runtime import get_runtime
+
+            return _describe_device(get_runtime().device)
+        except Exception as e:  # noqa: BLE001 - a driver's error must not break the listing
+            return f"device unknown ({type(e).__name__}: {e})"
+
+    @classmethod
     def build_registry(cls) -> KernelRegistry:
         from . import kernels
         from .registry import REGISTRY
@@ -164,3 +180,12 @@ def _check_available() -> str | None:
     except Exception as e:  # noqa: BLE001
         return str(e) if isinstance(e, EPFail) else f"OpenCL setup failed: {type(e).__name__}: {e}"
     return probe(rt)
+
+
+def _describe_device(device) -> str:
+    """``device <name> (<platform>, <type>)``, as ``onnxrt providers`` shows it."""
+    import pyopencl as cl
+
+    kinds = [name for name in ("GPU", "CPU", "ACCELERATOR") if device.type & getattr(cl.device_type, name)]
+    kind = "/".join(kinds) or "other"
+    return f"device {device.name.strip()} ({device.platform.name.strip()}, {kind})"
