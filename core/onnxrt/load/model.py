@@ -18,6 +18,7 @@ import functools
 import os
 import stat
 from pathlib import Path
+from typing import Iterable
 
 import numpy as np
 import onnx
@@ -44,7 +45,8 @@ _EXTERNAL_KEYS = {"location", "offset", "length", "checksum", "basepath"}
 def load_model(model, *, base_dir: str | os.PathLike | None = None,
                source: str | None = None, real_dir: str | os.PathLike | None = None,
                external_initializers: dict | None = None,
-               external_files: dict[str, bytes] | None = None) -> tuple[ModelProto, Path | None]:
+               external_files: dict[str, bytes] | None = None,
+               split_off: Iterable[str] = ()) -> tuple[ModelProto, Path | None]:
     """Return ``(model_proto, model_dir)`` for a path, bytes or ``ModelProto``.
 
     External data is loaded into the tensors' ``raw_data``. ``model_dir`` is the folder
@@ -54,6 +56,8 @@ def load_model(model, *, base_dir: str | os.PathLike | None = None,
     such a file) is the folder of the file the link points to. ``external_initializers``
     (name -> value) and ``external_files`` (location -> bytes) supply external data the
     caller holds in memory (``SessionOptions.add_external_initializers``...).
+    ``split_off`` names the main-graph initializers already taken out of the bytes
+    (:func:`~onnxrt.load.large_weights.split_large_weights`): they count as defined.
     """
     if isinstance(model, ModelProto):
         proto = model
@@ -77,7 +81,7 @@ def load_model(model, *, base_dir: str | os.PathLike | None = None,
     _check_text(proto, "model")
     _check_initializer_names(proto.graph, "main graph")
     _check_function_calls(proto)
-    _check_required_inputs(proto)
+    _check_required_inputs(proto, split_off)
     if external_initializers:
         _supply_initializers(proto, external_initializers)
     _load_external_data(proto, model_dir, Path(real_dir) if real_dir is not None else None, external_files or {})
@@ -108,7 +112,7 @@ def _required_positions(op_type: str, domain: str, opset: int) -> tuple[int, ...
     return tuple(i for i, p in enumerate(schema.inputs) if p.option == single)
 
 
-def _check_required_inputs(proto: ModelProto) -> None:
+def _check_required_inputs(proto: ModelProto, split_off: Iterable[str] = ()) -> None:
     """A node of a standard domain whose required input is given as an empty name is
     refused before shape inference sees it: onnx's inference dereferences the missing
     input's type (DictVectorizer with an empty input crashed the interpreter)."""
@@ -120,7 +124,7 @@ def _check_required_inputs(proto: ModelProto) -> None:
     # every name the model defines anywhere: a read of any other name has no type at
     # all, which is what onnx's inference does not survive (the exact scoping is
     # checked when the graph is built)
-    defined: set[str] = set()
+    defined: set[str] = set(split_off)  # initializers read straight from the file
 
     def collect(graph, depth):
         if depth > MAX_NESTING:

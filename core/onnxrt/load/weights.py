@@ -42,7 +42,8 @@ def load_with_weights(model, session_options=None) -> tuple[ModelProto, Path | N
                 data, weights = split
                 # external data resolves beside the path as given (a symlinked model too)
                 proto, model_dir = load_model(data, base_dir=Path(os.path.abspath(path)).parent,
-                                              source=str(path), real_dir=path.resolve().parent, **supplied)
+                                              source=str(path), real_dir=path.resolve().parent,
+                                              split_off=weights.keys(), **supplied)
                 return proto, model_dir, weights
     proto, model_dir = load_model(model, **supplied)
     return proto, model_dir, {}
