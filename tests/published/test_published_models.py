@@ -121,3 +121,21 @@ def test_a_tampered_cache_is_extracted_again(tmp_path, monkeypatch):
     assert sha256(tampered) == m.sha256
     with pytest.raises(HashMismatch, match="the manifest pins 0000"):
         fetch_model(dataclasses.replace(m, key="other", sha256="0" * 64))
+
+
+def test_compare_calls_the_int8_encoders_difference_a_rounding_flip():
+    """``onnxrt compare`` on Smart Turn's QDQ encoder: the first node whose outputs differ
+    is a QuantizeLinear whose input differs from onnxruntime's only in its last bits, and
+    that node, fed onnxruntime's exact input, matches: a rounding flip, not a kernel bug."""
+    from onnxrt.cli.compare import compare_models
+
+    m = get("smart-turn-v3")
+    feeds = m.feeds(np.random.default_rng(0))
+    report = compare_models(_path(m.key), feeds, providers=["CPUExecutionProvider"], against="onnxruntime",
+                            always_bisect=True)
+    fd = report.first_divergence
+    assert fd is not None and fd.op_type == "QuantizeLinear"
+    assert max(d.max_abs for d in fd.outputs) == 1.0  # codes one step apart
+    (x,) = [d for d in fd.input_distances if d.dtype == "float32"]
+    assert not x.bitwise and x.ulps_at_scale is not None and x.ulps_at_scale < 64
+    assert fd.matches_on_reference_inputs is True
