@@ -307,12 +307,21 @@ def constant_folding(graph, ctx, fold_dequantize: bool | None = None) -> bool:
     integers behind it, as onnxruntime's folding leaves it for its QDQ transformers);
     their ``qdq_constant_folding`` folds what they leave, with ``fold_dequantize``.
     """
-    from ..plugin.kernel import NoKernelError
-
     if fold_dequantize is None:
         fold_dequantize = not _qdq_fusions_follow(ctx)
-    consts = _constants(graph)
+    return _fold_graph(graph, ctx, _constants(graph), fold_dequantize)
+
+
+def _fold_graph(graph, ctx, consts: dict[str, np.ndarray], fold_dequantize: bool) -> bool:
+    """Fold ``graph``'s nodes whose inputs are all in ``consts`` (the graph's own
+    constants and, in a subgraph, the outer-scope constants it can see), then the
+    subgraphs of the nodes that remain. A subgraph's folded values become its own
+    initializers; a node making one of its outputs stays (its kernel is cheap, and the
+    output of a body is the body's to produce)."""
+    from ..plugin.kernel import NoKernelError
+
     outputs = set(graph.output_names())
+    body = graph.parent is not None
     changed = False
     keep = []
     for n in graph.nodes:
@@ -323,6 +332,7 @@ def constant_folding(graph, ctx, fold_dequantize: bool | None = None) -> bool:
             or n.subgraphs
             or not all((not i) or i in consts for i in n.inputs)
             or not any(n.outputs)
+            or (body and any(o in outputs for o in n.outputs))
         ):
             keep.append(n)
             continue
@@ -362,7 +372,24 @@ def constant_folding(graph, ctx, fold_dequantize: bool | None = None) -> bool:
                 consts[o] = r
         changed = True
     graph.nodes = keep
+    for n in graph.nodes:
+        for sg in n.all_subgraphs():
+            changed |= _fold_body(sg, ctx, consts, fold_dequantize)
     return changed
+
+
+def _fold_body(body, ctx, outer: dict[str, np.ndarray], fold_dequantize: bool) -> bool:
+    """Fold constants inside an If/Loop/Scan body: its initializers, its Constant nodes
+    and the outer-scope constants it reads (never its inputs, which each iteration or
+    call feeds, nor a name the body defines itself)."""
+    own = set(body.input_names()) | {o for n in body.nodes for o in n.outputs if o}
+    consts = {k: v for k, v in outer.items() if k not in own and k not in body.initializers}
+    consts.update(_constants(body))
+    if not _fold_graph(body, ctx, consts, fold_dequantize):
+        return False
+    # what the folded nodes read and nothing reads any more
+    dead_node_elimination(body, ctx)
+    return True
 
 
 def dead_node_elimination(graph, ctx) -> bool:
