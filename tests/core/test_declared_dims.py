@@ -116,7 +116,7 @@ def test_cli_names_the_option_for_a_negative_dim(free_batch, capsys):
     assert main(["run", free_batch, "--providers", "cpu"]) == 2
     err = capsys.readouterr().err.strip()
     assert err == ("onnxrt: error: input 'x' has an unnamed free dimension 0 (shape [None, 3]); "
-                   "fix it with --dim x:0=VALUE or give the input as a file")
+                   "fix it with --dim x:0=VALUE or give the input as a file: --input x=FILE.npy")
 
 
 def test_cli_zero_dim_runs_empty(tmp_path, capsys):

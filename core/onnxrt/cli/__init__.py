@@ -12,7 +12,7 @@ The runtime never imports this package, so ``import onnxrt`` and a session's run
 neither ``rich`` nor matplotlib; the verbs import them when they print or plot.
 
 Bad input (not a model, a missing file, a bad ``--input``) prints a one-line error
-and exits with status 2; ``--debug`` shows the traceback.
+and exits with status 2; ``--debug`` (before or after the verb) shows the traceback.
 """
 
 from __future__ import annotations
@@ -55,6 +55,11 @@ def build_parser() -> argparse.ArgumentParser:
     for name in _OPTIONAL_VERBS:
         if _find(name):
             importlib.import_module(name).register(sub)
+    for verb_parser in sub.choices.values():
+        # --debug after the verb too; SUPPRESS, so that a verb given without it keeps
+        # the value parsed before the verb instead of resetting it to False
+        verb_parser.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                                 help="show tracebacks on errors")
     return p
 
 

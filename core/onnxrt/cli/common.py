@@ -10,16 +10,19 @@ from typing import Sequence
 
 import numpy as np
 
-from .feeds import random_feeds
+from .feeds import ANONYMOUS_DIMS, random_feeds
 
 __all__ = [
     "UsageError",
     "LEVELS",
     "console",
+    "styled",
     "error_console",
     "providers_arg",
     "parse_kv",
     "parse_dims",
+    "check_dims",
+    "load_npy",
     "add_model_args",
     "model_path",
     "session_options",
@@ -38,12 +41,25 @@ class UsageError(Exception):
 
 def console(stderr: bool = False):
     """A rich console; when not writing to a terminal (and ``COLUMNS`` is unset), wide
-    enough that tables keep their columns instead of truncating them to 80 characters."""
+    enough that tables keep their columns instead of truncating them to 80 characters.
+
+    It reads no markup and no emoji codes: what the verbs print holds model and file
+    names, node names, providers' reasons (``install onnxrt-cuda[cuda12]``), and rich
+    would take their brackets for tags and drop them. Styles go in as
+    :class:`rich.text.Text` (see :func:`styled`), never as markup in a string."""
     from rich.console import Console
 
     stream = sys.stderr if stderr else sys.stdout
     width = None if stream.isatty() or os.environ.get("COLUMNS") else 160
-    return Console(highlight=False, stderr=stderr, width=width)
+    return Console(highlight=False, stderr=stderr, width=width, markup=False, emoji=False)
+
+
+def styled(*parts):
+    """A :class:`rich.text.Text` of ``parts``: plain strings, or ``(text, style)`` pairs;
+    every text is taken literally (brackets and colons print as they are)."""
+    from rich.text import Text
+
+    return Text.assemble(*[(str(p[0]), p[1]) if isinstance(p, tuple) else str(p) for p in parts])
 
 
 def error_console():
@@ -73,6 +89,8 @@ def parse_dims(items: Sequence[str] | None) -> dict[str, int]:
     """``--dim NAME=VALUE`` options -> ``{name: int}``."""
     dims = {}
     for k, v in parse_kv(items, "--dim").items():
+        if not k:
+            raise UsageError(f"bad --dim {'=' + v!r}: no dimension name before '=' (NAME=VALUE, or INPUT:AXIS=VALUE)")
         try:
             dims[k] = int(v)
         except ValueError:
@@ -127,14 +145,101 @@ def session_options(args, **attrs):
     return so
 
 
+def check_dims(dims: dict[str, int], inputs: Sequence) -> None:
+    """Each ``--dim`` must fix something in the model's ``inputs`` (``get_inputs()``):
+    ``NAME`` a symbolic dimension of some input, ``INPUT:AXIS`` an unnamed one (a typo
+    would otherwise be ignored, and the run fail on the dimension it meant to fix).
+
+    :raises UsageError: naming the option and what the model has instead."""
+    by_input = {a.name: a for a in inputs}
+    names = list(dict.fromkeys(d for a in inputs for d in (a.shape or []) if isinstance(d, str) and d))
+    for key, value in dims.items():
+        if key in names:
+            continue
+        opt = f"--dim {key}={value}"
+        inp, sep, axis = key.rpartition(":")
+        if not sep:
+            known = ", ".join(repr(n) for n in names) or "none"
+            raise UsageError(f"{opt}: no input of the model has a dimension named {key!r} (named dimensions: "
+                             f"{known}; an unnamed one is fixed with --dim INPUT:AXIS=VALUE)")
+        if inp not in by_input:
+            raise UsageError(f"{opt}: the model has no input {inp!r} (inputs: {', '.join(by_input) or 'none'})")
+        if not axis.isdigit():
+            raise UsageError(f"{opt}: the axis {axis!r} is not a non-negative integer (INPUT:AXIS=VALUE)")
+        shape = by_input[inp].shape
+        if shape is None:
+            raise UsageError(f"{opt}: input {inp!r} has no declared shape; give it as a file: --input {inp}=FILE.npy")
+        ax = int(axis)
+        if ax >= len(shape):
+            raise UsageError(f"{opt}: input {inp!r} has rank {len(shape)} (shape {shape}), no axis {ax}")
+        d = shape[ax]
+        if isinstance(d, int):
+            raise UsageError(f"{opt}: dimension {ax} of input {inp!r} is fixed at {d} (shape {shape})")
+        if d and d not in ANONYMOUS_DIMS:
+            raise UsageError(f"{opt}: dimension {ax} of input {inp!r} is named {d!r}; "
+                             f"fix it by name: --dim {d}={value}")
+        if d and d in dims:
+            # the session fixes every axis declared '?' to --dim ?=N: this axis cannot differ
+            raise UsageError(f"{opt}: dimension {ax} of input {inp!r} is declared {d!r}, which "
+                             f"--dim {d}={dims[d]} already fixes; give one of the two")
+
+
 def make_session(args, **attrs):
-    """An :class:`~onnxrt.InferenceSession` for ``args.model`` with the common arguments."""
+    """An :class:`~onnxrt.InferenceSession` for ``args.model`` with the common arguments;
+    every ``--dim`` is checked against its inputs (:func:`check_dims`)."""
     import onnxrt as ort
 
     args.dims = parse_dims(getattr(args, "dim", None))
     path = model_path(args)
-    return ort.InferenceSession(str(path), session_options(args, **attrs),
+    sess = ort.InferenceSession(str(path), session_options(args, **attrs),
                                 providers=providers_arg(getattr(args, "providers", None)))
+    check_dims(args.dims, _declared_inputs(sess))
+    return sess
+
+
+def _declared_inputs(sess) -> list:
+    """The session's inputs as the model declares them: ``get_inputs()`` shows the
+    ``--dim`` overrides applied (``batch`` already 1), which would hide the names the
+    options fixed."""
+    from ..run.feeds import NodeArg
+
+    proto = getattr(sess, "_proto", None)
+    if proto is None:
+        return sess.get_inputs()
+    fed = {a.name for a in sess.get_inputs()}
+    return [NodeArg(vi.name, vi.type) for vi in proto.graph.input if vi.name in fed]
+
+
+#: the first bytes of every .npy file (numpy.lib.format.MAGIC_PREFIX)
+_NPY_MAGIC = b"\x93NUMPY"
+
+
+def load_npy(name: str, path: str) -> np.ndarray:
+    """The array in ``path`` for ``--input name=path``: a .npy file, never unpickled.
+
+    :raises UsageError: the file is missing or unreadable, not a .npy file (a text
+        file, an .npz archive), or holds objects numpy would have to unpickle."""
+    opt = f"--input {name}={path}"
+    try:
+        with open(path, "rb") as f:
+            head = f.read(len(_NPY_MAGIC))
+    except OSError as e:
+        raise UsageError(f"{opt}: cannot read a .npy array ({e.strerror or e}: {path!r})") from None
+    if head.startswith(b"PK\x03\x04"):
+        raise UsageError(f"{opt}: cannot read a .npy array (it is an .npz archive; save the one array with "
+                         "numpy.save)")
+    if head != _NPY_MAGIC:
+        raise UsageError(f"{opt}: cannot read a .npy array (not a .npy file: it does not start with numpy's "
+                         "header; save arrays with numpy.save)")
+    try:
+        return np.load(path, allow_pickle=False)
+    except ValueError as e:
+        if "allow_pickle" in str(e):  # an object array: loading it would run pickle
+            raise UsageError(f"{opt}: cannot read a .npy array (it holds Python objects, which are not loaded; "
+                             "save a numeric, boolean or string array)") from None
+        raise UsageError(f"{opt}: cannot read a .npy array ({e})") from None
+    except OSError as e:
+        raise UsageError(f"{opt}: cannot read a .npy array ({e})") from None
 
 
 def make_feeds(args, sess) -> dict[str, np.ndarray]:
@@ -145,10 +250,7 @@ def make_feeds(args, sess) -> dict[str, np.ndarray]:
     for name, f in files.items():
         if name not in known:
             raise UsageError(f"--input {name}: the model has no input {name!r} (inputs: {', '.join(sorted(known))})")
-        try:
-            given[name] = np.load(f, allow_pickle=False)
-        except (OSError, ValueError) as e:
-            raise UsageError(f"--input {name}={f}: cannot read a .npy array ({e})") from None
+        given[name] = load_npy(name, f)
     dims = getattr(args, "dims", None) or parse_dims(getattr(args, "dim", None))
     return random_feeds(sess.get_inputs(), dims, getattr(args, "seed", 0), given)
 

@@ -39,7 +39,7 @@ import onnx
 
 from ..errors import Fail, InvalidArgument
 from ..ir.naming import name_nodes
-from .common import add_model_args, console, make_feeds, make_session, model_path, providers_arg, session_options
+from .common import add_model_args, console, make_feeds, make_session, model_path, providers_arg, session_options, styled
 
 __all__ = ["ONNXRUNTIME", "ValueDiff", "InputDistance", "NodeDivergence", "CompareReport", "compare_models",
            "compare_values", "input_distance", "ulp_distance", "add_command", "cmd_compare"]
@@ -457,22 +457,22 @@ def cmd_compare(args) -> int:
                             always_bisect=args.always_bisect,
                             sess_options=session_options(args))
     con = console()
-    con.print(f"[bold]{model_path(args).name}[/bold]: {report.side} against {report.against} "
-              f"(rtol {args.rtol:g}, atol {args.atol:g})")
+    con.print(styled((model_path(args).name, "bold"), f": {report.side} against {report.against} "
+                     f"(rtol {args.rtol:g}, atol {args.atol:g})"))
     table = Table()
     for col, just in (("output", "left"), ("max abs err", "right"), ("max rel err", "right"), ("", "left")):
         table.add_column(col, justify=just)
     for d in report.outputs:
-        status = "[green]ok[/green]" if d.ok else "[red]MISMATCH[/red]"
-        table.add_row(d.name, _fmt(d.max_abs), _fmt(d.max_rel), status + (f" ({d.note})" if d.note else ""))
+        status = ("ok", "green") if d.ok else ("MISMATCH", "red")
+        table.add_row(d.name, _fmt(d.max_abs), _fmt(d.max_rel), styled(status, f" ({d.note})" if d.note else ""))
     con.print(table)
     if report.ok:
         con.print("all outputs agree")
     fd = report.first_divergence
     if fd is not None:
         worst = max(fd.outputs, key=lambda d: d.max_abs)
-        con.print(f"[bold red]first differing node[/bold red]: {fd.node} ({fd.op_type}), node {fd.index} "
-                  f"in topological order")
+        con.print(styled(("first differing node", "bold red"), f": {fd.node} ({fd.op_type}), node {fd.index} "
+                         f"in topological order"))
         con.print(f"  runs on {fd.provider} here and on {fd.against_provider} in the reference; "
                   f"its inputs ({', '.join(i for i in fd.inputs if i) or 'none'}) agree")
         con.print(f"  output {worst.name}: max abs err {_fmt(worst.max_abs)}, max rel err {_fmt(worst.max_rel)}"

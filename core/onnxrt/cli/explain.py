@@ -11,7 +11,7 @@ from collections import Counter, defaultdict
 
 import onnx
 
-from .common import add_model_args, console, make_session, model_path
+from .common import add_model_args, console, make_session, model_path, styled
 
 __all__ = ["add_command", "cmd_explain", "summarize"]
 
@@ -48,9 +48,9 @@ def cmd_explain(args) -> int:
     fused = sess.get_fused_groups()
     s = summarize(assignment)
     con = console()
-    con.print(f"[bold]{model_path(args).name}[/bold]: {model_nodes} nodes in the model, "
-              f"{len(assignment)} after optimization (level {args.level}); "
-              f"providers in priority order: {', '.join(sess.get_providers())}")
+    con.print(styled((model_path(args).name, "bold"), f": {model_nodes} nodes in the model, "
+                     f"{len(assignment)} after optimization (level {args.level}); "
+                     f"providers in priority order: {', '.join(sess.get_providers())}"))
     table = Table(title="nodes per provider")
     for col, just in (("provider", "left"), ("nodes", "right"), ("share", "right"), ("op types", "left")):
         table.add_column(col, justify=just)

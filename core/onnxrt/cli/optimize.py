@@ -13,7 +13,7 @@ from pathlib import Path
 import onnx
 
 from ..errors import InvalidGraph
-from .common import UsageError, add_model_args, console, make_session, model_path
+from .common import UsageError, add_model_args, console, make_session, model_path, styled
 
 __all__ = ["add_command", "cmd_optimize"]
 
@@ -46,8 +46,8 @@ def cmd_optimize(args) -> int:
     before = Counter(n.op_type for n in onnx.load(str(src), load_external_data=False).graph.node)
     after = Counter(n.op_type for n in onnx.load(str(out), load_external_data=False).graph.node)
     con = console()
-    con.print(f"[bold]{out}[/bold]: {sum(before.values())} nodes -> {sum(after.values())} "
-              f"(level {args.level}, providers {', '.join(sess.get_providers())}); passes onnx.checker")
+    con.print(styled((str(out), "bold"), f": {sum(before.values())} nodes -> {sum(after.values())} "
+                     f"(level {args.level}, providers {', '.join(sess.get_providers())}); passes onnx.checker"))
     changed = sorted((op for op in before.keys() | after.keys() if before[op] != after[op]),
                      key=lambda op: after[op] - before[op])
     if changed:

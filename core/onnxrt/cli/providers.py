@@ -1,10 +1,20 @@
-"""``onnxrt providers``: the installed execution providers, and why any is unavailable."""
+"""``onnxrt providers``: the installed execution providers, and why any is unavailable.
+
+A table where it fits the terminal without cutting a word; on a narrow terminal (80
+columns cannot hold eight columns of provider names, reasons and library paths) each
+provider is a block of ``field  value`` lines instead, its values wrapping in full.
+"""
 
 from __future__ import annotations
 
 from .common import console
 
-__all__ = ["add_command", "cmd_providers"]
+__all__ = ["add_command", "cmd_providers", "FIELDS"]
+
+#: the columns of the table, which are the lines of each block in the narrow layout
+FIELDS = ("provider", "aliases", "priority", "available", "reason", "distribution", "version", "details")
+
+_UNBOUNDED = 100_000
 
 
 def add_command(sub) -> None:
@@ -13,17 +23,44 @@ def add_command(sub) -> None:
     pr.set_defaults(func=cmd_providers)
 
 
+def _rows() -> list[tuple[str, ...]]:
+    import onnxrt as ort
+
+    return [(p["name"], ", ".join(p["aliases"]), str(p["priority"]), "yes" if p["available"] else "no",
+             p["reason"], p["distribution"], p["version"], p.get("details", "")) for p in ort.get_provider_info()]
+
+
 def cmd_providers(args) -> int:
     """``onnxrt providers``."""
-    import onnxrt as ort
+    from rich.measure import Measurement
     from rich.table import Table
 
-    table = Table(title="onnxrt execution providers")
-    for col in ("provider", "aliases", "priority", "available", "reason", "distribution", "version", "details"):
+    con = console()
+    rows = _rows()
+    title = "onnxrt execution providers"
+    table = Table(title=title)
+    for col in FIELDS:
         table.add_column(col)
-    for p in ort.get_provider_info():
-        table.add_row(p["name"], ", ".join(p["aliases"]), str(p["priority"]),
-                      "yes" if p["available"] else "no", p["reason"], p["distribution"], p["version"],
-                      p.get("details", ""))
-    console().print(table)
+    for row in rows:
+        table.add_row(*row)
+    # the narrowest the table can be with every word whole (measured before folding,
+    # which would let a column shrink to one letter); narrower than that, each
+    # provider gets its own block
+    # (rich clamps a measurement to the width it is given: measure as if unbounded)
+    if Measurement.get(con, con.options.update_width(_UNBOUNDED), table).minimum <= con.width:
+        for column in table.columns:
+            column.overflow = "fold"  # a value longer than its column wraps, never cut short
+        con.print(table)
+        return 0
+    con.print(title, style="italic")
+    for row in rows:
+        block = Table.grid(padding=(0, 2))
+        block.add_column(no_wrap=True)
+        block.add_column(overflow="fold")
+        for field, value in zip(FIELDS[1:], row[1:]):
+            if value:
+                block.add_row(field, value)
+        con.print()
+        con.print(row[0], style="bold")
+        con.print(block)
     return 0
