@@ -331,6 +331,8 @@ def _remove_cast_pairs(graph, types: _Types) -> None:
     where one Cast is this transform's)."""
     outputs = set(graph.output_names())
     consumers = graph.consumers()
+    # values a subgraph reads by name: a Cast making one stays, the body reading it
+    in_bodies = {i for n in graph.nodes if n.subgraphs for i in n.implicit_inputs()}
     drop: set[int] = set()
     renames: dict[str, str] = {}
     for y in graph.nodes:
@@ -347,7 +349,7 @@ def _remove_cast_pairs(graph, types: _Types) -> None:
         src = y.inputs[0]
         kept = []
         for x in casts:
-            if int(x.attr("to", 0)) == _F32 and x.outputs[0] not in outputs:
+            if int(x.attr("to", 0)) == _F32 and x.outputs[0] not in outputs and x.outputs[0] not in in_bodies:
                 renames[x.outputs[0]] = src
                 drop.add(id(x))
             else:

@@ -316,3 +316,25 @@ def test_clip_between_convolutions_keeps_onnxruntimes_roundings():
     exp = ort.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
     for s in (sess, _session(model)):
         assert _ulps(s.run(None, {"x": x})[0], exp) <= ORT_ULPS
+
+
+def test_a_cast_an_if_body_reads_stays():
+    # the model's Cast(to=float) of a converted Sigmoid is read inside an If branch:
+    # the Cast pair cannot be removed there, the branch reading the Cast's name
+    then = h.make_graph([h.make_node("Neg", ["s32"], ["o"])], "then", [],
+                        [h.make_tensor_value_info("o", TP.FLOAT, [8])])
+    els = h.make_graph([h.make_node("Abs", ["s32"], ["o2"])], "else", [],
+                       [h.make_tensor_value_info("o2", TP.FLOAT, [8])])
+    nodes = [h.make_node("Sigmoid", ["x"], ["s"]), h.make_node("Cast", ["s"], ["s32"], to=TP.FLOAT),
+             h.make_node("If", ["c"], ["y"], then_branch=then, else_branch=els)]
+    g = h.make_graph(nodes, "if_reads", [h.make_tensor_value_info("c", TP.BOOL, []),
+                                         h.make_tensor_value_info("x", TP.FLOAT16, [8])],
+                     [h.make_tensor_value_info("y", TP.FLOAT, [8])])
+    model = h.make_model(g, opset_imports=[h.make_opsetid("", 17)], ir_version=9).SerializeToString()
+    sess = _session(model)
+    assert "s32" in {o for n in sess._built.graph.nodes for o in n.outputs}
+    x = np.linspace(-4, 4, 8).astype(F16)
+    ref = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
+    for c in (True, False):
+        feeds = {"c": np.array(c), "x": x}
+        np.testing.assert_allclose(sess.run(None, feeds)[0], ref.run(None, feeds)[0], rtol=0, atol=1e-3)
