@@ -39,7 +39,8 @@ import onnx
 
 from ..errors import Fail, InvalidArgument
 from ..ir.naming import name_nodes
-from .common import add_model_args, console, make_feeds, make_session, model_path, providers_arg, session_options, styled
+from .common import (add_model_args, console, make_feeds, make_session, model_path, providers_arg, session_options,
+                     styled)
 
 __all__ = ["ONNXRUNTIME", "ValueDiff", "InputDistance", "NodeDivergence", "CompareReport", "compare_models",
            "compare_values", "input_distance", "ulp_distance", "add_command", "cmd_compare"]

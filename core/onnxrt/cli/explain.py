@@ -20,7 +20,8 @@ def add_command(sub) -> None:
     """Add the ``explain`` verb."""
     p = sub.add_parser("explain", help="show how the graph is split among providers, and why")
     add_model_args(p, inputs=False)
-    p.add_argument("--dim", action="append", metavar="NAME=VALUE", help="fix a symbolic dimension (INPUT:AXIS=VALUE for an unnamed one)")
+    p.add_argument("--dim", action="append", metavar="NAME=VALUE",
+                   help="fix a symbolic dimension (INPUT:AXIS=VALUE for an unnamed one)")
     p.add_argument("-v", "--verbose", action="store_true", help="list the nodes of each provider and the fused groups")
     p.set_defaults(func=cmd_explain)
 
