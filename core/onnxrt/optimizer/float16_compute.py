@@ -226,11 +226,36 @@ def _has_float32_kernel(node, ctx, types: _Types) -> bool:
     return False
 
 
-def _cast(graph, src: str, dst: str, to: int):
+class _Names:
+    """New value and node names, unused in the graph, its ancestors and its subgraphs
+    (``Graph.unique_name`` looks the graph over at every call: quadratic here)."""
+
+    def __init__(self, graph):
+        self.taken = {n.name for _, n in graph.walk()}
+        for g, n in graph.walk():
+            self.taken.update(o for o in n.outputs if o)
+            self.taken.update(g.initializers)
+            self.taken.update(vi.name for vi in g.inputs)
+        p = graph.parent
+        while p is not None:
+            self.taken |= p.defined_names()
+            p = p.parent
+        self.count = 0
+
+    def __call__(self, base: str) -> str:
+        while True:
+            self.count += 1
+            name = f"{base}__{self.count}"
+            if name not in self.taken:
+                self.taken.add(name)
+                return name
+
+
+def _cast(graph, names: _Names, src: str, dst: str, to: int):
     from ..ir.graph import Node
 
     node = Node(op_type="Cast", domain="", inputs=[src], outputs=[dst],
-                name=graph.unique_name(f"{_MADE}_cast"), opset=graph.opsets.get("", 1),
+                name=names("float16_compute_cast"), opset=graph.opsets.get("", 1),
                 doc_string=_MADE, provider=CPU)
     node.attrs["to"] = helper.make_attribute("to", to)
     return node
@@ -277,6 +302,7 @@ def _convert(graph, ctx) -> bool:
     if not converted:
         return False
 
+    names = _Names(graph)
     cast_of: dict[tuple[str, bool], str] = {}  # (float16 value, rounding kept) -> its float32 form
     new_nodes = []
     for n in nodes:
@@ -293,12 +319,12 @@ def _convert(graph, ctx) -> bool:
             keep = id(n) in exact and not (i in producers and id(producers[i]) in exact)
             key = (i, keep)
             if key not in cast_of:
-                name = graph.unique_name(f"{i}_float32")
+                name = names(f"{i}_float32")
                 if i in graph.initializers and i not in types.overridable:
                     # exact: every float16 value is a float32 value
                     graph.initializers[name] = np.asarray(graph.initializers[i]).astype(np.float32)
                 else:
-                    cast = _cast(graph, i, name, _F32)
+                    cast = _cast(graph, names, i, name, _F32)
                     if keep:
                         cast.doc_string = _ROUNDING
                     new_nodes.append(cast)
@@ -310,9 +336,9 @@ def _convert(graph, ctx) -> bool:
             if not o or types.elem(o) != _F16:
                 outs.append(o)
                 continue
-            name = graph.unique_name(f"{o}_float32")
+            name = names(f"{o}_float32")
             graph.value_types[name] = types.as_float32(o)
-            after.append(_cast(graph, name, o, _F16))
+            after.append(_cast(graph, names, name, o, _F16))
             outs.append(name)
         n.inputs, n.outputs = ins, outs
         n.provider = CPU
