@@ -133,6 +133,15 @@ def test_a_model_name_with_brackets_prints_whole(tmp_path, capsys):
     assert "o[b].onnx: " in capsys.readouterr().out
 
 
+def test_the_writing_verbs_print_bracketed_names_whole(tmp_path, capsys):
+    path = _relu_model(tmp_path / "o[b].onnx", [1, 2])
+    out = tmp_path / "o[16].onnx"
+    assert main(["float16", path, "-o", str(out)]) == 0
+    assert f"o[b].onnx -> {out}: " in capsys.readouterr().out
+    assert main(["optimize", path, "--providers", "cpu", "-o", str(tmp_path / "o[opt].onnx")]) == 0
+    assert f"{tmp_path / 'o[opt].onnx'}: 1 nodes -> " in capsys.readouterr().out
+
+
 def test_output_and_node_names_with_markup_print_whole(tmp_path, capsys):
     path = _relu_model(tmp_path / "m.onnx", [2], out="[red]y[/red]")
     assert main(["run", path, "--providers", "cpu"]) == 0

@@ -141,8 +141,9 @@ def _size(n: int) -> str:
 
 def cmd_quantize(args) -> int:
     """Run ``onnxrt quantize``; print what changed."""
-    from rich.console import Console
     from rich.table import Table
+
+    from ..cli.common import console, styled
 
     from . import QuantFormat, QuantType, CalibrationMethod, quantize_dynamic, quantize_static
 
@@ -160,10 +161,10 @@ def cmd_quantize(args) -> int:
             activation_type=QuantType.from_string(args.activation_type), weight_type=wt,
             nodes_to_exclude=args.exclude, calibrate_method=CalibrationMethod.from_string(args.method),
             calibration_providers=_providers(args.providers), calibration_parallel=args.parallel)
-    con = Console(highlight=False, width=None if os.isatty(1) or os.environ.get("COLUMNS") else 160)
+    con = console()  # reads no markup: node names and paths print with their brackets
     kind = "dynamic" if args.dynamic else f"static {report.format}, {args.method}, {args.activation_type} activations"
-    con.print(f"[bold]{Path(args.model).name}[/bold] -> {args.output} ({kind}, {args.weight_type} weights"
-              f"{', per channel' if args.per_channel else ''})")
+    con.print(styled((Path(args.model).name, "bold"), f" -> {args.output} ({kind}, {args.weight_type} weights"
+                     f"{', per channel' if args.per_channel else ''})"))
     table = Table(title="what changed")
     for col, just in (("op", "left"), ("before", "right"), ("after", "right")):
         table.add_column(col, justify=just)
@@ -185,14 +186,15 @@ def cmd_quantize(args) -> int:
 
 def cmd_float16(args) -> int:
     """Run ``onnxrt float16``; print what changed (with ``--auto``, what stayed float32 and why)."""
-    from rich.console import Console
     from rich.table import Table
+
+    from ..cli.common import console, styled
 
     from .float16 import DEFAULT_OP_BLOCK_LIST, convert_float_to_float16, float16_plan
     from .graph import load_input_model, op_counts, save_output_model
 
     ops = list(DEFAULT_OP_BLOCK_LIST) + list(args.block_op or [])
-    con = Console(highlight=False, width=None if os.isatty(1) or os.environ.get("COLUMNS") else 160)
+    con = console()
     original = load_input_model(args.model)
     if args.auto:
         from .mixed_precision import DEFAULT_ATOL, DEFAULT_RTOL, auto_mixed_precision
@@ -212,8 +214,8 @@ def cmd_float16(args) -> int:
         plan = float16_plan(original, ops, args.block_node)
         converted, total, rep = sum(plan.values()), len(plan), None
     save_output_model(model, args.output)
-    con.print(f"[bold]{Path(args.model).name}[/bold] -> {args.output}: {converted} of {total} nodes in float16"
-              + (", inputs and outputs kept float32" if args.keep_io_types else ""))
+    con.print(styled((Path(args.model).name, "bold"), f" -> {args.output}: {converted} of {total} nodes in float16"
+                     + (", inputs and outputs kept float32" if args.keep_io_types else "")))
     before, after = op_counts(original), op_counts(model)
     table = Table(title="what changed")
     for col, just in (("op", "left"), ("before", "right"), ("after", "right")):
