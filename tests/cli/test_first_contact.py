@@ -231,6 +231,23 @@ def test_every_input_at_once_and_a_shared_name_once(tmp_path):
     assert {k: v.shape for k, v in feeds.items()} == {"a": (2, 4), "b": (2, 4), "c": (2, 4)}
 
 
+def test_an_input_with_no_shape_is_named_with_the_file_option(tmp_path, capsys):
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, None)
+    b = helper.make_tensor_value_info("b", TensorProto.FLOAT, ["n"])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    g = helper.make_graph([helper.make_node("Add", ["x", "b"], ["y"])], "noshape", [x, b], [y])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 9
+    onnx.save(m, str(tmp_path / "noshape.onnx"))
+    assert main(["run", str(tmp_path / "noshape.onnx"), "--providers", "cpu"]) == 2
+    assert _err(capsys) == ("onnxrt: error: input 'x' has no declared shape; input 'b' has an unresolved "
+                            "dimension 'n'; fix it with --dim n=VALUE or give the input as a file: --input x=FILE.npy")
+    np.save(tmp_path / "x.npy", np.arange(3, dtype=np.float32))
+    assert main(["run", str(tmp_path / "noshape.onnx"), "--providers", "cpu", "--dim", "n=3",
+                 "--input", f"x={tmp_path / 'x.npy'}", "--output", str(tmp_path / "o")]) == 0
+    assert np.load(tmp_path / "o" / "y.npy").shape == (3,)
+
+
 def test_unnamed_dims_are_set_separately(unnamed, tmp_path, capsys):
     dims = ["--dim", "images:0=1", "--dim", "images:2=5", "--dim", "images:3=7"]
     assert main(["run", unnamed, "--providers", "cpu", "--seed", "4", "--output", str(tmp_path / "o"), *dims]) == 0
