@@ -138,3 +138,30 @@ def test_a_node_reading_a_name_defined_nowhere_is_invalid_graph_before_shape_inf
                                                                    helper.make_opsetid("ai.onnx.ml", 3)])
     with pytest.raises(ort.InvalidGraph, match="reads 'nowhere', which is not defined"):
         ort.InferenceSession(model.SerializeToString())
+
+
+def test_a_node_reading_its_own_output_is_a_cycle_before_shape_inference():
+    # onnx's inference walks nodes in the listed order and met an input with no type yet:
+    # DictVectorizer reading its own output crashed it (found by the long fuzz run)
+    from onnx import TensorProto, helper
+
+    node = helper.make_node("DictVectorizer", ["dv"], ["dv"], domain="ai.onnx.ml", string_vocabulary=["a"])
+    graph = helper.make_graph([node], "g", [], [helper.make_tensor_value_info("dv", TensorProto.FLOAT, None)])
+    model = helper.make_model(graph, ir_version=10, opset_imports=[helper.make_opsetid("", 18),
+                                                                   helper.make_opsetid("ai.onnx.ml", 3)])
+    with pytest.raises(ort.InvalidGraph, match=r"graph 'g' has a cycle through nodes \['DictVectorizer'\]"):
+        ort.InferenceSession(model.SerializeToString())
+
+
+def test_nodes_listed_out_of_order_are_sorted_before_shape_inference():
+    from onnx import TensorProto, helper
+
+    vi = helper.make_tensor_value_info
+    nodes = [helper.make_node("Neg", ["b"], ["y"]), helper.make_node("Abs", ["a"], ["b"]),
+             helper.make_node("Relu", ["x"], ["a"])]
+    graph = helper.make_graph(nodes, "g", [vi("x", TensorProto.FLOAT, [3])], [vi("y", TensorProto.FLOAT, [3])])
+    model = helper.make_model(graph, ir_version=10, opset_imports=[helper.make_opsetid("", 18)])
+    sess = ort.InferenceSession(model.SerializeToString())
+    (y,) = sess.run(None, {"x": np.array([-2.0, 0.0, 3.0], np.float32)})
+    np.testing.assert_array_equal(y, [0.0, 0.0, -3.0])
+    assert sess.get_outputs()[0].shape == [3]  # inference saw the nodes in order

@@ -82,6 +82,7 @@ def load_model(model, *, base_dir: str | os.PathLike | None = None,
     _check_initializer_names(proto.graph, "main graph")
     _check_function_calls(proto)
     _check_required_inputs(proto, split_off)
+    _sort_graph(proto.graph, 0)
     if external_initializers:
         _supply_initializers(proto, external_initializers)
     _load_external_data(proto, model_dir, Path(real_dir) if real_dir is not None else None, external_files or {})
@@ -175,6 +176,80 @@ def _check_required_inputs(proto: ModelProto, split_off: Iterable[str] = ()) -> 
         walk(f.node, ops, 0, in_function | _subgraph_names(f.node))
     if missing:
         raise InvalidGraph(missing[0])
+
+
+def _names_read(node, depth: int = 0) -> set[str]:
+    """The names ``node``'s subgraphs read, at any depth (a superset of what they read
+    from outside: names they define themselves are in it too, and are harmless)."""
+    out: set[str] = set()
+    if depth > 24:
+        return out
+    for a in node.attribute:
+        for g in ([a.g] if a.HasField("g") else []) + list(a.graphs):
+            for n in g.node:
+                out.update(x for x in n.input if x)
+                out |= _names_read(n, depth + 1)
+            out.update(vi.name for vi in g.output)
+    return out
+
+
+def _sort_graph(graph, depth: int) -> None:
+    """Put ``graph``'s nodes (and its subgraphs') in an order where each comes after the
+    nodes it reads from, before shape inference walks them in the listed order: onnx's
+    inference met an input with no type yet and crashed on some ops (DictVectorizer
+    reading a value made later, or by itself). A cycle is InvalidGraph."""
+    if depth > 24:
+        return
+    nodes = list(graph.node)
+    for n in nodes:
+        for a in n.attribute:
+            if a.HasField("g"):
+                _sort_graph(a.g, depth + 1)
+            for g in a.graphs:
+                _sort_graph(g, depth + 1)
+    # a name that is also an input or initializer is defined twice: the graph's own
+    # checks say so, this order is only for the names nodes make
+    given = {vi.name for vi in graph.input} | {t.name for t in graph.initializer}
+    producer: dict[str, int] = {}
+    for i, n in enumerate(nodes):
+        for o in n.output:
+            if o and o not in given:
+                producer.setdefault(o, i)
+    deps: list[set[int]] = []
+    ordered = True
+    for i, n in enumerate(nodes):
+        reads = set(x for x in n.input if x)
+        if n.attribute:
+            reads |= _names_read(n)
+        d = {producer[x] for x in reads if x in producer}
+        if any(j >= i for j in d):
+            ordered = False
+        deps.append(d)
+    if ordered:
+        return
+    import heapq
+
+    dependents: list[list[int]] = [[] for _ in nodes]
+    indeg = [len(d) for d in deps]
+    for i, d in enumerate(deps):
+        for j in d:
+            dependents[j].append(i)
+    ready = [i for i, k in enumerate(indeg) if k == 0]
+    heapq.heapify(ready)
+    order = []
+    while ready:
+        i = heapq.heappop(ready)
+        order.append(i)
+        for j in dependents[i]:
+            indeg[j] -= 1
+            if indeg[j] == 0:
+                heapq.heappush(ready, j)
+    if len(order) != len(nodes):
+        stuck = [nodes[i].name or nodes[i].op_type for i, k in enumerate(indeg) if k > 0][:5]
+        raise InvalidGraph(f"graph {graph.name!r} has a cycle through nodes {stuck}")
+    sorted_nodes = [nodes[i] for i in order]
+    del graph.node[:]
+    graph.node.extend(sorted_nodes)
 
 
 def _subgraph_names(nodes) -> set[str]:
