@@ -22,6 +22,10 @@ of onnxruntime:
   initializer or a float16 node), that makes a float16 output and no graph output,
   is computed in float32 too (onnxruntime's ``IsIsolatedFp16Node``): a Transpose
   between two convolutions does not round.
+- **Exact float16 nodes.** Clip, Max, Min, Round and Sign give a float16 value for
+  float16 inputs: those that stay float16 in onnxruntime run here in float32 on the
+  same rounded inputs (the Cast pair before them is kept, none is needed after), which
+  is onnxruntime's result exactly, without numpy's emulated float16 arithmetic.
 - **Which roundings stay.** A float32 value rounded to float16 and straight back to
   float32 (``Cast(to=float16)`` then ``Cast(to=float)``) reads the float32 value
   instead, as onnxruntime's cast removal does (it treats float16 and float32 as one

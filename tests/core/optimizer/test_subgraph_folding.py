@@ -82,7 +82,8 @@ def loop_model():
          h.make_tensor_value_info("scan_out", TP.FLOAT, [3])])
     g = h.make_graph([h.make_node("Loop", ["n", "", "acc0"], ["acc", "scans"], body=body)], "loop_model",
                      [h.make_tensor_value_info("n", TP.INT64, []), h.make_tensor_value_info("acc0", TP.FLOAT, [3])],
-                     [h.make_tensor_value_info("acc", TP.FLOAT, [3]), h.make_tensor_value_info("scans", TP.FLOAT, None)],
+                     [h.make_tensor_value_info("acc", TP.FLOAT, [3]),
+                      h.make_tensor_value_info("scans", TP.FLOAT, None)],
                      [nh.from_array(np.array([0.5, 1.5, -2.0], np.float32), "k")])
     return h.make_model(g, opset_imports=[h.make_opsetid("", 17)], ir_version=9).SerializeToString()
 
@@ -98,7 +99,8 @@ def scan_model():
     ], "scan_body", [h.make_tensor_value_info("s_in", TP.FLOAT, [2]), h.make_tensor_value_info("row", TP.FLOAT, [2])],
         [h.make_tensor_value_info("s_out", TP.FLOAT, [2]), h.make_tensor_value_info("row_out", TP.FLOAT, [2])])
     g = h.make_graph([h.make_node("Scan", ["s0", "rows"], ["s", "outs"], body=body, num_scan_inputs=1)], "scan_model",
-                     [h.make_tensor_value_info("s0", TP.FLOAT, [2]), h.make_tensor_value_info("rows", TP.FLOAT, [5, 2])],
+                     [h.make_tensor_value_info("s0", TP.FLOAT, [2]),
+                      h.make_tensor_value_info("rows", TP.FLOAT, [5, 2])],
                      [h.make_tensor_value_info("s", TP.FLOAT, [2]), h.make_tensor_value_info("outs", TP.FLOAT, [5, 2])])
     return h.make_model(g, opset_imports=[h.make_opsetid("", 17)], ir_version=9).SerializeToString()
 
