@@ -114,14 +114,18 @@ def test_global_thread_pools_follow_onnxruntimes_rule(square, monkeypatch):
 
 
 def test_logger_callback_receives_onnxrt_records():
+    import logging
+
     got = []
+    log = logging.getLogger("onnxrt")
+    level = log.level  # another test may have raised the default severity: warnings need 2
+    ort.set_default_logger_severity(2)
     ort.set_default_logger_callback(lambda *a: got.append(a))
     try:
-        import logging
-
-        logging.getLogger("onnxrt").warning("hello %s", "there")
+        log.warning("hello %s", "there")
     finally:
         ort.set_default_logger_callback(None)
+        log.setLevel(level)
     assert got and got[-1][0] == 2 and got[-1][4] == "hello there"
     with pytest.raises(ort.InvalidArgument, match="must be callable"):
         ort.set_default_logger_callback(3)
