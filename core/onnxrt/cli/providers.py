@@ -53,14 +53,22 @@ def cmd_providers(args) -> int:
         con.print(table)
         return 0
     con.print(title, style="italic")
+    indent = max(len(f) for f in FIELDS) + 2
     for row in rows:
-        block = Table.grid(padding=(0, 2))
-        block.add_column(no_wrap=True)
-        block.add_column(overflow="fold")
-        for field, value in zip(FIELDS[1:], row[1:]):
-            if value:
-                block.add_row(field, value)
         con.print()
         con.print(row[0], style="bold")
-        con.print(block)
+        for field, value in zip(FIELDS[1:], row[1:]):
+            if value:
+                _print_field(con, field, value, indent)
     return 0
+
+
+def _print_field(con, field: str, value: str, indent: int) -> None:
+    """``field  value``, the value wrapped at words (folded where a word is longer
+    than the line) under its first line; no line carries trailing spaces."""
+    from rich.text import Text
+
+    lines = Text(value).wrap(con, max(20, con.width - indent), overflow="fold")
+    for i, line in enumerate(lines):
+        line.rstrip()
+        con.print(Text((field if i == 0 else "").ljust(indent)) + line, soft_wrap=True)
