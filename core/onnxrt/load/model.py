@@ -135,35 +135,40 @@ def _check_required_inputs(proto: ModelProto, split_off: Iterable[str] = ()) -> 
         defined.update(st.values.name for st in graph.sparse_initializer)
         for n in graph.node:
             defined.update(n.output)
-            for a in n.attribute:
-                if a.HasField("g"):
-                    collect(a.g, depth + 1)
-                for g in a.graphs:
-                    collect(g, depth + 1)
+            if len(n.attribute):
+                for a in n.attribute:
+                    if a.HasField("g"):
+                        collect(a.g, depth + 1)
+                    for g in a.graphs:
+                        collect(g, depth + 1)
 
     collect(proto.graph, 0)
+    standard = ("", "ai.onnx.ml", "ai.onnx.preview.training")
 
     def walk(nodes, ops, depth, names):
         if depth > MAX_NESTING:
             raise InvalidGraph(f"subgraphs are nested more than {MAX_NESTING} levels deep")
         for n in nodes:
             if not missing:
-                for x in n.input:
+                inputs = list(n.input)  # one copy: each access to the field builds a container
+                for x in inputs:
                     if x and x not in names:
                         missing.append(f"node {n.name or n.op_type!r} ({n.op_type}) reads {x!r}, which is not defined")
                         break
-            dom = "" if n.domain == "ai.onnx" else n.domain
-            if not missing and dom in ("", "ai.onnx.ml", "ai.onnx.preview.training") and dom in ops:
-                for i in _required_positions(n.op_type, dom, ops[dom]):
-                    if i >= len(n.input) or not n.input[i]:
-                        missing.append(f"node {n.name or n.op_type!r} ({n.op_type}): its input {i} is required, "
-                                       "but is missing or has an empty name")
-                        break
-            for a in n.attribute:
-                if a.HasField("g"):
-                    walk(a.g.node, ops, depth + 1, names)
-                for g in a.graphs:
-                    walk(g.node, ops, depth + 1, names)
+                dom = n.domain
+                dom = "" if dom == "ai.onnx" else dom
+                if dom in standard and dom in ops:
+                    for i in _required_positions(n.op_type, dom, ops[dom]):
+                        if i >= len(inputs) or not inputs[i]:
+                            missing.append(f"node {n.name or n.op_type!r} ({n.op_type}): its input {i} is "
+                                           "required, but is missing or has an empty name")
+                            break
+            if len(n.attribute):
+                for a in n.attribute:
+                    if a.HasField("g"):
+                        walk(a.g.node, ops, depth + 1, names)
+                    for g in a.graphs:
+                        walk(g.node, ops, depth + 1, names)
 
     # the whole walk first: a graph nested too deep is reported as that
     walk(proto.graph.node, opsets, 0, defined)
@@ -201,12 +206,16 @@ def _sort_graph(graph, depth: int) -> None:
     if depth > 24:
         return
     nodes = list(graph.node)
-    for n in nodes:
-        for a in n.attribute:
-            if a.HasField("g"):
-                _sort_graph(a.g, depth + 1)
-            for g in a.graphs:
-                _sort_graph(g, depth + 1)
+    with_graphs = set()
+    for i, n in enumerate(nodes):
+        if len(n.attribute):
+            for a in n.attribute:
+                if a.HasField("g"):
+                    _sort_graph(a.g, depth + 1)
+                    with_graphs.add(i)
+                for g in a.graphs:
+                    _sort_graph(g, depth + 1)
+                    with_graphs.add(i)
     # a name that is also an input or initializer is defined twice: the graph's own
     # checks say so, this order is only for the names nodes make
     given = {vi.name for vi in graph.input} | {t.name for t in graph.initializer}
@@ -215,18 +224,26 @@ def _sort_graph(graph, depth: int) -> None:
         for o in n.output:
             if o and o not in given:
                 producer.setdefault(o, i)
-    deps: list[set[int]] = []
+    # one pass that only looks: most graphs are in order already
+    made: set[str] = set()
     ordered = True
     for i, n in enumerate(nodes):
-        reads = set(x for x in n.input if x)
-        if n.attribute:
-            reads |= _names_read(n)
-        d = {producer[x] for x in reads if x in producer}
-        if any(j >= i for j in d):
-            ordered = False
-        deps.append(d)
+        reads = _names_read(n) if i in with_graphs else ()
+        for x in [*n.input, *reads]:
+            if x in producer and x not in made:
+                ordered = False
+                break
+        if not ordered:
+            break
+        made.update(n.output)
     if ordered:
         return
+    deps: list[set[int]] = []
+    for i, n in enumerate(nodes):
+        reads = set(n.input)
+        if i in with_graphs:
+            reads |= _names_read(n)
+        deps.append({producer[x] for x in reads if x in producer})
     import heapq
 
     dependents: list[list[int]] = [[] for _ in nodes]
