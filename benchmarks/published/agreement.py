@@ -19,8 +19,9 @@
   0.5..1), and two correct runtimes that compute an op in a different order or width
   differ where that rounding lands the other way: one step at the op, which the ops
   after it carry on and amplify. The deepest float16 model here (IS-Net: 119
-  convolutions, each rounded to float16, then resizes and sigmoids) measures 3.6
-  steps of its output; 8 steps (3.9e-3 on a mask in [0, 1]) leaves a margin of about
+  convolutions, each rounded to float16, then resizes and sigmoids) measured 3.6
+  steps of its output while onnxrt computed float16 ops its own way (1 step once it
+  computed them in float32 between casts, as onnxruntime does); 8 steps (3.9e-3 on a mask in [0, 1]) leaves a margin of about
   2 for other inputs, while a wrong kernel is off by hundreds of steps (the int8
   IS-Net, which does differ by its quantization, is 280 steps away).
 """
