@@ -115,3 +115,23 @@ def test_the_session_builds_each_kernel_with_its_providers_device(fake_provider)
     ((op, device),) = built
     assert op == "Relu" and isinstance(device, FakeDevice)
     assert device is sess._built.providers[0].device
+
+
+def test_node_infos_see_the_types_of_values_added_after_partitioning():
+    # a post-partition transform (a Cast it inserts) records the new value's type on its
+    # graph; the kernel built for the new node must see it
+    from onnx import TensorProto, helper
+
+    from onnxrt.compile import NodeInfoFactory
+    from onnxrt.ir import Graph, Node
+
+    gp = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
+                           [helper.make_tensor_value_info("x", TensorProto.FLOAT16, [2])],
+                           [helper.make_tensor_value_info("y", TensorProto.FLOAT16, [2])])
+    g = Graph.from_proto(gp, {"": 17})
+    info = NodeInfoFactory(g)
+    cast = Node("Cast", inputs=["x"], outputs=["x32"], name="cast")
+    g.value_types["x32"] = helper.make_tensor_type_proto(TensorProto.FLOAT, [2])
+    ni = info(cast)
+    assert ni.input_dtype(0) == np.float16
+    assert ni.output_dtype(0) == np.float32

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import ChainMap
 from typing import Any
 
 from ..ir.graph import Graph, Node
@@ -14,15 +15,17 @@ class NodeInfoFactory:
     """Builds :class:`NodeInfo` for IR nodes, with types from the enclosing graphs."""
 
     def __init__(self, graph: Graph):
-        # value names are unique across a model's scopes, so one table serves all graphs
-        self._types: dict[str, Any] = {}
+        # value names are unique across a model's scopes, so one table serves all graphs;
+        # it reads each graph's own table, so the types of values a transform adds later
+        # (a Cast it inserts, a fused node's output) reach the kernels built for them
+        tables = []
         stack = [graph]
         while stack:
             g = stack.pop()
-            for k, v in g.value_types.items():
-                self._types.setdefault(k, v)
+            tables.append(g.value_types)
             for n in g.nodes:
                 stack.extend(n.all_subgraphs())
+        self._types: ChainMap[str, Any] = ChainMap(*tables)
 
     def _types_for(self, names: list[str]) -> list:
         t = self._types
