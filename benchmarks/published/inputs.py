@@ -65,11 +65,7 @@ def ocr_page(h: int, w: int, name: str = "x", imagenet: bool = True, batch: int 
 def ocr_line(h: int, w: int, batch: int = 1, name: str = "x") -> Recipe:
     """Text-line crops as PaddleOCR's recognizer and orientation classifier take
     them: glyph strokes on a light background, normalized to [-1, 1]."""
-    page = ocr_page(h, w, name=name, imagenet=False, batch=batch)
-
-    def make(rng: np.random.Generator) -> Feeds:
-        return page(rng)
-    return make
+    return ocr_page(h, w, name=name, imagenet=False, batch=batch)
 
 
 def magika_bytes(name: str = "bytes") -> Recipe:
