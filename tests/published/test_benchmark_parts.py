@@ -84,3 +84,37 @@ def test_manifest_is_whole():
         assert feeds and all(isinstance(v, np.ndarray) for v in feeds.values()), m.key
     with pytest.raises(KeyError, match="no published model 'nope'"):
         get("nope")
+
+
+def test_render_reports_both_openblas_passes_and_the_geometric_means():
+    from benchmarks.published.run import MARK_END, MARK_START, render
+
+    def lat(ort_ms, ours_ms):
+        return {"runs": 10, "onnxruntime_median_ms": ort_ms, "onnxrt_median_ms": ours_ms,
+                "onnxruntime_p90_ms": ort_ms, "onnxrt_p90_ms": ours_ms, "ratio_median": ours_ms / ort_ms,
+                "ratio_p90": ours_ms / ort_ms}
+
+    keys = ["silero-vad", "magika"]
+    res = {"date": "d", "machine": "m", "threads": 2, "seconds": 1.0, "onnxruntime": "x", "numpy": "y",
+           "keys": keys, "agree": None,
+           "passes": {"as set": {"blas": "Haswell", "env": {"OPENBLAS_CORETYPE": "Haswell"},
+                                 "models": {"silero-vad": lat(1.0, 4.0), "magika": lat(2.0, 2.0)}},
+                      "unset": {"blas": "SkylakeX", "env": {"OPENBLAS_CORETYPE": None},
+                                "models": {"silero-vad": lat(1.0, 2.0), "magika": lat(2.0, 1.0)}}},
+           "rss": {"silero-vad": {"onnxrt": {"peak_kb": 1400, "above_start_kb": 400},
+                                  "onnxruntime": {"peak_kb": 1000, "above_start_kb": 200}},
+                   "magika": {"error": "over 1800 s"}},
+           "profile": {"silero-vad": {"ops": [{"op_type": "If", "share": 0.85, "calls": 7}], "nodes_per_run": 209,
+                                      "run_us": 2000.0, "node_us": 1900.0, "constant_nodes_per_run": 106,
+                                      "outside_nodes_share": 0.05},
+                       "magika": {"error": "no runs"}}}
+    text = render(res)
+    assert text.startswith(MARK_START) and text.endswith(MARK_END)
+    assert "pass **as set**: OPENBLAS_CORETYPE=Haswell; OpenBLAS kernel in use: Haswell" in text
+    assert "pass **unset**: neither variable set; OpenBLAS kernel in use: SkylakeX" in text
+    assert "| silero-vad | streaming audio | 1 | 4 | 4.00 | 4.00 | 2.00 | 1 / 1 | 1.40 | 2.00 |" in text
+    assert "latency geometric mean **2.00x** onnxruntime over 2 models; worst 4.00x; 1 of 2 within 2x" in text
+    # the unset pass: sqrt(2 * 0.5) = 1
+    assert "pass unset: latency geometric mean **1.00x** onnxruntime over 2 models" in text
+    assert "peak RSS: worst 1.40x onnxruntime" in text and "over 1800 s" in text
+    assert "| silero-vad | 209 (106 Constant) | 2 | 5% | If 85% |" in text
