@@ -274,3 +274,58 @@ def test_initializer_fed_concat_is_capped_too():
     with pytest.raises(ort.InvalidArgument, match="Concat"):
         sess.run(None, {"x": _f32(100_000)})
     assert sess.run(None, {"x": _f32(2)})[0].shape == (200_002,)
+
+
+def _png(width, height):
+    import io
+
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new("1", (width, height)).save(buf, format="PNG")  # one bit a pixel, all zero: tiny
+    return np.frombuffer(buf.getvalue(), np.uint8).copy()
+
+
+def test_image_decoder_refuses_a_picture_over_the_cap_from_its_header():
+    pytest.importorskip("PIL")
+    model = make_model([helper.make_node("ImageDecoder", ["b"], ["y"])], [_vi("b", TensorProto.UINT8, [None])],
+                       [_vi("y", TensorProto.UINT8)], opset=20)
+    sess = ort.InferenceSession(model.SerializeToString(), _capped())
+    big = _png(2048, 2048)  # a few hundred bytes that decode to 12 MiB of RGB
+    assert big.size < 64 << 10
+    holder = []
+
+    def run_big():
+        with pytest.raises(ort.InvalidArgument, match="ImageDecoder image.*max_allocation_bytes") as e:
+            sess.run(None, {"b": big})
+        holder.append(e)
+
+    peak = _peak_during(run_big)
+    assert peak < CAP, peak
+    (y,) = sess.run(None, {"b": _png(5, 3)})
+    assert y.shape == (3, 5, 3) and not y.any()
+
+
+@pytest.mark.parametrize("op,attrs", [
+    ("MaxRoiPool", {"pooled_shape": [1024, 1024]}),
+    ("RoiAlign", {"output_height": 1024, "output_width": 1024}),
+])
+def test_roi_pools_of_a_huge_pooled_shape_are_refused(op, attrs):
+    inputs = ["x", "r"] + (["i"] if op == "RoiAlign" else [])
+    vis = [_vi("x", F, [1, 1, 4, 4]), _vi("r", F, [1, 5 if op == "MaxRoiPool" else 4])]
+    if op == "RoiAlign":
+        vis.append(_vi("i", I64, [1]))
+    model = make_model([helper.make_node(op, inputs, ["y"], **attrs)], vis, [_vi("y")])
+    sess = ort.InferenceSession(model.SerializeToString(), _capped())
+    feed = {"x": np.ones((1, 1, 4, 4), np.float32),
+            "r": np.array([[0, 0, 0, 3, 3]] if op == "MaxRoiPool" else [[0, 0, 3, 3]], np.float32)}
+    if op == "RoiAlign":
+        feed["i"] = np.zeros(1, np.int64)
+    holder = []
+
+    def run_big():
+        with pytest.raises(ort.InvalidArgument, match=f"{op} output.*max_allocation_bytes") as e:
+            sess.run(None, feed)
+        holder.append(e)
+
+    assert _peak_during(run_big) < CAP

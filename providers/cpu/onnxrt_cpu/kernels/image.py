@@ -540,6 +540,12 @@ def image_decoder(k, encoded_stream, *, pixel_format="RGB"):
     data = np.ascontiguousarray(encoded_stream, dtype=np.uint8).tobytes()
     try:
         img = Image.open(io.BytesIO(data))
+    except Exception as e:  # noqa: BLE001 - Pillow raises many kinds of errors
+        raise ValueError(f"{k.node.describe()}: cannot decode the image: {e}") from e
+    # the header gives the size before anything is decoded: a few bytes of a PNG can
+    # claim a picture of any size (decoded as up to 4 bytes a pixel, then converted)
+    check_allocation((img.size[1], img.size[0], 4), np.uint8, "ImageDecoder image")
+    try:
         img.load()
     except Exception as e:  # noqa: BLE001 - Pillow raises many kinds of errors
         raise ValueError(f"{k.node.describe()}: cannot decode the image: {e}") from e

@@ -573,7 +573,8 @@ def max_roi_pool(k, x, rois, *, pooled_shape=None, spatial_scale=1.0):
         raise ValueError(f"rois must have shape (num_rois, 5), got {rois.shape}")
     ph_n, pw_n = (int(v) for v in pooled_shape)
     n, c, h, w = x.shape
-    y = np.zeros((rois.shape[0], c, ph_n, pw_n), dtype=x.dtype)
+    # pooled_shape is an attribute: any size a model asks for
+    y = np.zeros(check_allocation((rois.shape[0], c, ph_n, pw_n), x.dtype, "MaxRoiPool output"), dtype=x.dtype)
     r = rois.astype(np.float64)
 
     def rnd(v):  # half away from zero
@@ -652,7 +653,8 @@ class RoiAlign(Kernel):
         n, c, h, w = x.shape
         cdt = compute_dtype(x.dtype)
         oh, ow = self.oh, self.ow
-        y = np.zeros((rois.shape[0], c, oh, ow), dtype=cdt)
+        # output_height and output_width are attributes: any size a model asks for
+        y = np.zeros(check_allocation((rois.shape[0], c, oh, ow), cdt, "RoiAlign output"), dtype=cdt)
         off = 0.5 if self.half_pixel else 0.0
         r = rois.astype(np.float64) * self.scale - off
         for i in range(rois.shape[0]):
