@@ -160,3 +160,13 @@ def test_sequence_elements_that_are_subclasses_become_plain_arrays():
     (y,) = sess.run(None, {"s": [np.matrix([[1.0, 2.0]], np.float32), np.ones((1, 2), np.float32)]})
     assert type(y) is np.ndarray
     np.testing.assert_array_equal(y, [[1, 2], [1, 1]])
+
+
+@pytest.mark.parametrize("values", [[float("inf"), 1.0], [2**70, 1], [float("nan"), 0.0]])
+def test_a_list_feed_that_does_not_fit_an_integer_input_is_refused(values):
+    # found by the long fuzz run: an infinity in a list for an int64 input was a raw OverflowError
+    sess = _session(make_model([helper.make_node("Identity", ["a"], ["y"])], [_vi("a", I64, [2])],
+                               [_vi("y", I64, [2])]))
+    with pytest.raises(ort.InvalidArgument, match="input 'a': the list does not convert to tensor\\(int64\\)"):
+        sess.run(None, {"a": values})
+    assert sess.run(None, {"a": [3, 4]})[0].tolist() == [3, 4]

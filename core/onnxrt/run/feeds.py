@@ -143,7 +143,7 @@ class FeedChecker:
                 # a Python list converts to the input's element type, as onnxruntime converts it
                 try:
                     value = np.asarray(value, dtype=want)
-                except (TypeError, ValueError) as e:
+                except (TypeError, ValueError, OverflowError) as e:  # inf or 2**70 into int64
                     raise InvalidArgument(
                         f"input {name!r}: the list does not convert to {type_to_string(tp)}: {e}"
                     ) from None
