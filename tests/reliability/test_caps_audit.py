@@ -161,6 +161,22 @@ CASES = {
         {"a": _f32(1024, 0), "b": _f32(0, 1024)}, {"a": _f32(2, 0), "b": _f32(0, 3)},
         lambda y: np.testing.assert_array_equal(y, np.zeros((2, 3))),
     ),
+    "Einsum": (
+        _one("Einsum", ["a", "b"], {"a": (F, [None]), "b": (F, [None])}, equation="i,j->ij"),
+        {"a": _f32(1024), "b": _f32(1024)},
+        {"a": np.arange(2, dtype=np.float32), "b": np.arange(3, dtype=np.float32)},
+        lambda y: np.testing.assert_array_equal(y, [[0, 0, 0], [0, 1, 2]]),
+    ),
+    "Einsum-empty": (
+        _one("Einsum", ["a", "b"], {"a": (F, [None, None]), "b": (F, [None, None])}, equation="ij,jk->ik"),
+        {"a": _f32(1024, 0), "b": _f32(0, 1024)}, {"a": _f32(2, 0), "b": _f32(0, 3)},
+        lambda y: np.testing.assert_array_equal(y, np.zeros((2, 3))),
+    ),
+    "Einsum-ellipsis": (
+        _one("Einsum", ["a", "b"], {"a": (F, None), "b": (F, None)}, equation="...i,...j->...ij"),
+        {"a": _f32(4, 1, 256), "b": _f32(1, 4, 256)}, {"a": _f32(2, 1, 2), "b": _f32(1, 3, 2)},
+        lambda y: y.shape == (2, 3, 2, 2) or pytest.fail(str(y.shape)),
+    ),
     "Gemm": (
         _one("Gemm", ["a", "b"], {"a": (F, [None, None]), "b": (F, [None, None])}),
         {"a": _f32(1024, 0), "b": _f32(0, 1024)}, {"a": _f32(2, 1), "b": _f32(1, 3)},

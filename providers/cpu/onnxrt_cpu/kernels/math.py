@@ -726,6 +726,38 @@ class CumProd(_Scan):
     identity = 1
 
 
+def _einsum_shape(equation: str, xs) -> tuple | None:
+    """The result shape of an explicit (``->``) einsum equation over ``xs``, or None
+    where the equation does not fit them (``np.einsum`` then says why)."""
+    lhs, rhs = equation.split("->")
+    terms = lhs.split(",")
+    if len(terms) != len(xs):
+        return None
+    dims: dict[str, int] = {}
+    ell: tuple = ()
+    for term, x in zip(terms, xs):
+        letters = term.replace("...", "")
+        n_ell = x.ndim - len(letters)
+        if n_ell < 0 or (n_ell and "..." not in term):
+            return None
+        at = term.find("...")
+        shape = list(x.shape)
+        if at >= 0:
+            ell_dims, shape = tuple(shape[at:at + n_ell]), shape[:at] + shape[at + n_ell:]
+            try:
+                ell = np.broadcast_shapes(ell, ell_dims)
+            except ValueError:
+                return None
+        for c, d in zip(letters, shape):
+            dims[c] = max(dims.get(c, 1), d) if d != 1 else dims.get(c, 1)
+    out = []
+    for part in rhs.split("...") if "..." in rhs else [rhs]:
+        out.append([dims.get(c) for c in part])
+    if any(d is None for part in out for d in part):
+        return None
+    return tuple(out[0]) + (tuple(ell) + tuple(out[1]) if len(out) > 1 else ())
+
+
 @op("Einsum", since=12)
 class Einsum(Kernel):
     """ONNX Einsum via ``np.einsum`` with contraction-order optimisation."""
@@ -745,6 +777,15 @@ class Einsum(Kernel):
 
     def run(self, *xs):
         dt = xs[0].dtype
+        bound = dt.itemsize
+        for x in xs:
+            for d in x.shape:
+                bound *= max(d, 1)  # [N, 0] and [0, N] still make N * N
+        if bound > allocation_limit():
+            # the result's labels are the inputs' (an outer product multiplies their sizes)
+            shape = _einsum_shape(self.equation, xs)
+            if shape is not None:
+                check_allocation(shape, _F32 if is_low_float(dt) else dt, "Einsum output")
         ops = [upcast(x) for x in xs]
         y = np.einsum(self.equation, *ops, optimize=True)
         y = np.asarray(y)
