@@ -110,9 +110,16 @@ def _relu_direct(k):
     if (k.xp is not np or dt is None or dt.kind not in "fi" or shape is None
             or not all(type(d) is int for d in shape) or math.prod(shape) >= min(_CLIP_MIN, native.UNARY_MIN)):
         return None
+    if native.RELU_UFUNC is not None and dt in _RELU_UFUNC_TYPES:
+        # one operand: the unary ufunc path, cheaper than np.maximum's binary one
+        return DirectCall(native.RELU_UFUNC, kwargs={} if shape else {"out": ...})
     zero = np.zeros((), dt)
     zero.flags.writeable = False
     return DirectCall(np.maximum, args=(zero,), kwargs={} if shape else {"out": ...})
+
+
+#: the element types the Relu ufunc has loops for (others would be cast to one)
+_RELU_UFUNC_TYPES = frozenset(np.dtype(t) for t in (np.float32, np.float64, np.int8, np.int16, np.int32, np.int64))
 
 
 @op("Relu", since=1, direct=_relu_direct)

@@ -207,10 +207,11 @@ def blas_ready() -> bool:
 
 
 def status() -> dict:
-    """``{"loaded", "reason", "blas", "blas_reason", "int8_products", "pool"}``: whether
-    the compiled kernels are loaded (else why not), the BLAS library their products
-    call (else why none), whether this CPU runs the 8-bit products (AVX-512 VNNI), and
-    the thread pool's workers and spin time."""
+    """``{"loaded", "reason", "blas", "blas_reason", "int8_products", "pool", "ufuncs"}``:
+    whether the compiled kernels are loaded (else why not), the BLAS library their
+    products call (else why none), whether this CPU runs the 8-bit products (AVX-512
+    VNNI), the thread pool's workers and spin time, and whether the numpy ufuncs
+    (Relu's one-operand form) are loaded."""
     module = kernels()
     return {
         "loaded": module is not None,
@@ -219,12 +220,29 @@ def status() -> dict:
         "blas_reason": _blas_reason if module is not None else _reason,
         "int8_products": module is not None and module.igemm_ready(),
         "pool": module.pool_info() if module is not None else None,
+        "ufuncs": RELU_UFUNC is not None,
     }
 
 
 #: The compiled module, or None (kernels read it at call time, so a test can set it
 #: to None to run the numpy paths).
 K: ModuleType | None = kernels()
+
+
+def _load_ufuncs() -> ModuleType | None:
+    """``_ufuncs`` (numpy ufuncs built against numpy's headers), or None where it was
+    not built, the numpy here cannot load it, or the compiled kernels are turned off."""
+    if _disabled():
+        return None
+    try:
+        from . import _ufuncs as module
+    except ImportError:
+        return None
+    return module
+
+
+#: Relu as a one-operand numpy ufunc (``relu(x)`` is ``np.maximum(x, 0)``), or None.
+RELU_UFUNC = getattr(_load_ufuncs(), "relu", None)
 
 #: Whether :data:`K`'s products go through numpy's BLAS (its convolutions need it).
 BLAS: bool = blas_ready()
