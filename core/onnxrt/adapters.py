@@ -13,10 +13,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-import flatbuffers
 import numpy as np
-from flatbuffers import number_types as N
-from flatbuffers.table import Table
 
 from .dtypes import np_dtype, onnx_elem_type
 from .errors import InvalidArgument, InvalidGraph, NoSuchFile
@@ -29,6 +26,11 @@ _STRING = 8  # TensorProto.STRING
 
 
 def _read(path: str) -> tuple[int, int, dict[str, np.ndarray]]:
+    # flatbuffers is read only here and in _write: a session that uses no adapter never loads it
+    import flatbuffers
+    from flatbuffers import number_types as N
+    from flatbuffers.table import Table
+
     try:
         with open(path, "rb") as f:
             buf = bytearray(f.read())
@@ -69,6 +71,8 @@ def _read(path: str) -> tuple[int, int, dict[str, np.ndarray]]:
 
 
 def _write(path: str, adapter_version: int, model_version: int, params: dict[str, np.ndarray]) -> None:
+    import flatbuffers
+
     b = flatbuffers.Builder(1024)
     offsets = []
     for name, a in params.items():

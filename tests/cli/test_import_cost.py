@@ -12,7 +12,8 @@ import subprocess
 import sys
 import textwrap
 
-CLI_ONLY = ("rich", "matplotlib", "onnxrt.cli", "onnxrt.testing", "pytest")
+# what a plain session must not load: the command line's modules, and flatbuffers (read only for LoRA adapters)
+CLI_ONLY = ("rich", "matplotlib", "onnxrt.cli", "onnxrt.testing", "pytest", "flatbuffers")
 
 
 def _loaded_after(code: str, cwd) -> dict:
