@@ -182,6 +182,36 @@ CASES = {
         {"a": _f32(1024, 0), "b": _f32(0, 1024)}, {"a": _f32(2, 1), "b": _f32(1, 3)},
         lambda y: np.testing.assert_array_equal(y, np.ones((2, 3))),
     ),
+    "ConvTranspose-output_shape": (
+        # a 1 x 1 input, a 1 x 1 kernel: output_shape alone asks for 1024 x 1024
+        _one("ConvTranspose", ["x", "w"], {"x": (F, [1, 1, 1, 1]), "w": (F, [1, 1, 1, 1])},
+             output_shape=[1024, 1024]),
+        {"x": _f32(1, 1, 1, 1), "w": _f32(1, 1, 1, 1)}, None, None,
+    ),
+    "ConvTranspose-strides": (
+        # strides spread a 5 x 5 input over 1201 x 1201; a 2 x 2 one over 301 x 301
+        _one("ConvTranspose", ["x", "w"], {"x": (F, [1, 1, None, None]), "w": (F, [1, 1, 1, 1])},
+             strides=[300, 300]),
+        {"x": _f32(1, 1, 5, 5), "w": _f32(1, 1, 1, 1)},
+        {"x": np.arange(1, 5, dtype=np.float32).reshape(1, 1, 2, 2), "w": np.full((1, 1, 1, 1), 2, np.float32)},
+        lambda y: (y.shape == (1, 1, 301, 301) and y[0, 0, 300, 300] == 8 and y.sum() == 20)
+        or pytest.fail(f"ConvTranspose gave {y.shape}, sum {y.sum()}"),
+    ),
+    "Col2Im": (
+        # one block, strides as long as the image: image_shape alone asks for 1024 x 1024
+        _one("Col2Im", ["x", "img", "blk"], {"x": (F, [1, None, None]), "img": (I64, [2]), "blk": (I64, [2])},
+             strides=[1024, 1024]),
+        {"x": _f32(1, 1, 1), "img": _i64(1024, 1024), "blk": _i64(1, 1)},
+        {"x": np.full((1, 1, 1), 5, np.float32), "img": _i64(2, 2), "blk": _i64(1, 1)},
+        lambda y: np.testing.assert_array_equal(y.reshape(2, 2), [[5, 0], [0, 0]]),
+    ),
+    "GridSample": (
+        # 4,096 channels times 64 x 64 sampling points: each input small, their product not
+        _one("GridSample", ["x", "g"], {"x": (F, [1, None, 1, 1]), "g": (F, [1, None, None, 2])}, opset=16),
+        {"x": _f32(1, 4096, 1, 1), "g": np.zeros((1, 64, 64, 2), np.float32)},
+        {"x": np.full((1, 2, 1, 1), 3, np.float32), "g": np.zeros((1, 1, 2, 2), np.float32)},
+        lambda y: np.testing.assert_allclose(y, np.full((1, 2, 1, 2), 3.0)),  # (0, 0) is the pixel's centre
+    ),
 }
 
 

@@ -19,6 +19,7 @@ import math
 
 import numpy as np
 
+from onnxrt.plugin import check_allocation
 from onnxrt.plugin.kernel import Kernel
 from onnxrt.plugin.pool_geometry import conv_transpose_geometry
 
@@ -276,6 +277,10 @@ class ConvTranspose(Kernel):
         reach = [strides[i] * (in_sp[i] - 1) + (kernel[i] - 1) * dil[i] + 1 for i in range(nd)]
         lo = [min(0, pb[i]) for i in range(nd)]
         hi = [max(reach[i], pb[i] + out_sp[i]) for i in range(nd)]
+        # output_shape, pads and strides are attributes: a small model can ask for any size
+        check_allocation((n, m, *out_sp), cdt, f"{self.node.describe()} output")
+        check_allocation((m, *kernel, *in_sp), cdt, f"{self.node.describe()} columns")
+        check_allocation((m, *[hi[j] - lo[j] for j in range(nd)]), cdt, f"{self.node.describe()} canvas")
         xc = x.astype(cdt, copy=False)
         y = np.empty((n, m, *out_sp), dtype=cdt)
         crop = (slice(None),) + tuple(slice(pb[i] - lo[i], pb[i] - lo[i] + out_sp[i]) for i in range(nd))
@@ -321,6 +326,8 @@ def col2im(k, x, image_shape, block_shape, *, dilations=None, pads=None, strides
     if math.prod(grid) != L:
         raise ValueError(f"input has {L} blocks but the geometry gives {grid} = {math.prod(grid)}")
     padded = [image[i] + pads[i] + pads[nd + i] for i in range(nd)]
+    # image_shape and pads come from the model or the feed, not from x's size
+    check_allocation((n * c, *padded), x.dtype, f"{k.node.describe()} image")
     canvas = np.zeros((n * c, *padded), dtype=x.dtype)
     col2im_add(canvas, x.reshape(n * c, *block, *grid), block, strides, dilations, grid)
     crop = (slice(None),) + tuple(slice(pads[i], pads[i] + image[i]) for i in range(nd))

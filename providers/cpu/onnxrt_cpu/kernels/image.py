@@ -331,6 +331,8 @@ class GridSample(Kernel):
         if N == 0 or C == 0 or P == 0:
             return (np.zeros((N, C, *out_sp), dtype=in_dt),)
         fdt = _float_dtype(in_dt) if in_dt.kind in "fiu" or in_dt.kind == "V" else np.dtype(np.float32)
+        # the output is X's channels times the grid's points: two inputs' sizes multiplied
+        check_allocation((N, C, P), fdt, f"{self.node.describe()} output")
         g = grid.reshape(N, P, r).astype(np.float64)
         # grid's last axis lists coordinates innermost-first (x, y, z)
         coords = []
