@@ -38,7 +38,7 @@ import numpy as np
 import onnx
 
 from ..errors import Fail, InvalidArgument
-from ..ir.naming import name_nodes
+from ..ir.proto_edits import expose_all_outputs, name_nodes
 from .common import (add_model_args, console, make_feeds, make_session, model_path, providers_arg, session_options,
                      styled)
 
@@ -286,18 +286,6 @@ def _load(model) -> onnx.ModelProto:
     return proto
 
 
-def _exposed(model: onnx.ModelProto) -> onnx.ModelProto:
-    """The model with every node output of the main graph also a graph output."""
-    m = copy.deepcopy(model)
-    outputs = {o.name for o in m.graph.output}
-    for n in m.graph.node:
-        for o in n.output:
-            if o and o not in outputs:
-                m.graph.output.append(onnx.ValueInfoProto(name=o))
-                outputs.add(o)
-    return m
-
-
 class _Side:
     """One way of running a model: onnxrt with a provider list, or onnxruntime."""
 
@@ -375,7 +363,7 @@ def compare_models(
                            rtol, atol)
     if not always_bisect and (report.ok or not bisect):
         return report
-    exposed = _exposed(proto)
+    exposed = expose_all_outputs(proto)
     va, vb = a.run(exposed, feeds), b.run(exposed, feeds)
     report.bisected = True
     for i, node in enumerate(proto.graph.node):

@@ -21,6 +21,7 @@ from onnx import AttributeProto, GraphProto, TensorProto, TypeProto, ValueInfoPr
 
 from ..errors import InvalidArgument, InvalidGraph, NotImplemented
 from ..run.limits import check_allocation
+from .order import topological_order
 
 __all__ = ["Node", "Graph", "MAX_NESTING", "tensor_to_array", "check_tensor_data"]
 
@@ -378,27 +379,10 @@ class Graph:
             deps.append(d)
         if all(all(j < i for j in d) for i, d in enumerate(deps)):
             return
-        dependents: list[list[int]] = [[] for _ in self.nodes]
-        indeg = [0] * len(self.nodes)
-        for i, d in enumerate(deps):
-            indeg[i] = len(d)
-            for j in d:
-                dependents[j].append(i)
-        import heapq
-
-        ready = [i for i, k in enumerate(indeg) if k == 0]
-        heapq.heapify(ready)
-        order = []
-        while ready:
-            i = heapq.heappop(ready)
-            order.append(i)
-            for j in dependents[i]:
-                indeg[j] -= 1
-                if indeg[j] == 0:
-                    heapq.heappush(ready, j)
-        if len(order) != len(self.nodes):
-            stuck = [self.nodes[i].name for i, k in enumerate(indeg) if k > 0][:5]
-            raise InvalidGraph(f"graph {self.name!r} has a cycle through nodes {stuck}")
+        order, stuck = topological_order(deps)
+        if stuck:
+            names = [self.nodes[i].name for i in stuck][:5]
+            raise InvalidGraph(f"graph {self.name!r} has a cycle through nodes {names}")
         self.nodes = [self.nodes[i] for i in order]
 
     def walk(self) -> Iterator[tuple["Graph", Node]]:

@@ -26,6 +26,7 @@ from google.protobuf.message import DecodeError
 from onnx import ModelProto, TensorProto
 
 from ..errors import InvalidArgument, InvalidGraph, InvalidProtobuf, NoSuchFile, NotImplemented, OnnxRtError
+from ..ir.order import topological_order
 from ..run.limits import check_allocation, process_memory_limit
 
 __all__ = ["load_model", "check_versions", "MAX_IR_VERSION", "MAX_OPSETS"]
@@ -244,26 +245,10 @@ def _sort_graph(graph, depth: int) -> None:
         if i in with_graphs:
             reads |= _names_read(n)
         deps.append({producer[x] for x in reads if x in producer})
-    import heapq
-
-    dependents: list[list[int]] = [[] for _ in nodes]
-    indeg = [len(d) for d in deps]
-    for i, d in enumerate(deps):
-        for j in d:
-            dependents[j].append(i)
-    ready = [i for i, k in enumerate(indeg) if k == 0]
-    heapq.heapify(ready)
-    order = []
-    while ready:
-        i = heapq.heappop(ready)
-        order.append(i)
-        for j in dependents[i]:
-            indeg[j] -= 1
-            if indeg[j] == 0:
-                heapq.heappush(ready, j)
-    if len(order) != len(nodes):
-        stuck = [nodes[i].name or nodes[i].op_type for i, k in enumerate(indeg) if k > 0][:5]
-        raise InvalidGraph(f"graph {graph.name!r} has a cycle through nodes {stuck}")
+    order, stuck = topological_order(deps)
+    if stuck:
+        names = [nodes[i].name or nodes[i].op_type for i in stuck][:5]
+        raise InvalidGraph(f"graph {graph.name!r} has a cycle through nodes {names}")
     sorted_nodes = [nodes[i] for i in order]
     del graph.node[:]
     graph.node.extend(sorted_nodes)

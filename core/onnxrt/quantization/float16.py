@@ -23,7 +23,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from ..errors import InvalidArgument
-from ..ir.naming import name_nodes
+from ..ir.proto_edits import name_nodes
 from .graph import GraphIndex, Names, load_input_model
 
 __all__ = ["convert_float_to_float16", "DEFAULT_OP_BLOCK_LIST", "float16_plan"]

@@ -25,7 +25,7 @@ import onnx
 
 from ..errors import InvalidArgument
 from .float16 import DEFAULT_OP_BLOCK_LIST, convert_float_to_float16, float16_plan
-from ..ir.naming import name_nodes
+from ..ir.proto_edits import expose_all_outputs, name_nodes
 from .graph import load_input_model
 
 __all__ = ["KeptNode", "MixedPrecisionReport", "auto_mixed_precision", "auto_convert_mixed_precision"]
@@ -40,19 +40,6 @@ def _compare_values():
     from ..cli.compare import compare_values
 
     return compare_values
-
-
-def _exposed(model: onnx.ModelProto) -> onnx.ModelProto:
-    """``model`` with every node output of the main graph also a graph output."""
-    m = onnx.ModelProto()
-    m.CopyFrom(model)
-    outputs = {o.name for o in m.graph.output}
-    for n in m.graph.node:
-        for o in n.output:
-            if o and o not in outputs:
-                m.graph.output.append(onnx.ValueInfoProto(name=o))
-                outputs.add(o)
-    return m
 
 
 @dataclass
@@ -84,7 +71,10 @@ class MixedPrecisionReport:
 def _run(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray], providers) -> dict[str, Any]:
     import onnxrt
 
-    sess = onnxrt.InferenceSession(model.SerializeToString(), providers=providers)
+    # float16 nodes measured as float16 hardware computes them: the CPU provider's
+    # float16_compute transform would run them in float32 and hide every overflow
+    sess = onnxrt.InferenceSession(model.SerializeToString(), providers=providers,
+                                   disabled_optimizers=["float16_compute"])
     names = [o.name for o in sess.get_outputs()]
     return dict(zip(names, sess.run(None, dict(feeds))))
 
@@ -146,7 +136,7 @@ def auto_mixed_precision(
     base = load_input_model(model)
     name_nodes(base.graph)
     out_names = [o.name for o in base.graph.output]
-    exposed_ref = _exposed(base)
+    exposed_ref = expose_all_outputs(base)
     if not keep_io_types:
         # the float16 model receives its inputs rounded: the reference does too, so that
         # only the error of the converted nodes is measured
@@ -165,7 +155,7 @@ def auto_mixed_precision(
         m16 = convert_float_to_float16(base, keep_io_types=keep_io_types, op_block_list=ops, node_block_list=blocked)
         half_inputs = {v.name for v in m16.graph.input if v.type.tensor_type.elem_type == onnx.TensorProto.FLOAT16}
         f16 = {k: (v.astype(np.float16) if k in half_inputs else v) for k, v in feeds.items()}
-        got = _run(_exposed(m16), f16, providers)
+        got = _run(expose_all_outputs(m16), f16, providers)
         diffs = [compare_values(o, _as32(got[o]), ref[o], rtol, atol) for o in out_names]
         outputs_ok = all(d.ok for d in diffs)
         if outputs_ok and validate_fn is not None:

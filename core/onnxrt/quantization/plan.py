@@ -24,7 +24,7 @@ import onnx
 from onnx import helper
 
 from ..errors import InvalidArgument
-from ..ir.naming import name_nodes
+from ..ir.proto_edits import name_nodes
 from .graph import GraphIndex
 from .params import QParams, quantize_bias, quantize_weight, scale_zero_point
 from .types import QuantType

@@ -10,7 +10,7 @@ from typing import Any, Sequence
 
 from ..errors import InvalidArgument
 from .calibrate import collect_ranges
-from ..ir.naming import name_nodes
+from ..ir.proto_edits import name_nodes
 from .graph import GraphIndex, check_graph, ensure_opset, is_valid, load_input_model, op_counts, save_output_model
 from .options import check_extra_options
 from .plan import calibration_tensors, fold_relus, make_plan, select_nodes
