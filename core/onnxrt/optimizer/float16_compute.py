@@ -103,6 +103,16 @@ _LEFT_ALONE = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUnifo
 #: float16 ops whose result on float16 values is exactly a float16 value: computed in
 #: float32 on float16 inputs they need no rounding after them
 _EXACT = {"Clip", "Max", "Min", "Round", "Sign"}
+
+
+def _clip_bound_omitted(node) -> bool:
+    """Whether a Clip leaves a bound out: the omitted bound is its type's limit, and
+    float16's (65504) is not float32's, so such a Clip is not exact in float32."""
+    if node.op_type != "Clip":
+        return False
+    if node.opset < 11:
+        return "min" not in node.attrs or "max" not in node.attrs
+    return len(node.inputs) < 3 or not node.inputs[1] or not node.inputs[2]
 #: marks the Casts this transform made (node attribute ``doc_string``)
 _MADE = "float16_compute: a float16 node computed in float32 on the CPU provider"
 #: and the Casts to float32 that keep a rounding to float16 onnxruntime makes
@@ -301,7 +311,7 @@ def _convert(graph, ctx) -> bool:
     # computed in float32 on their rounded inputs, they give onnxruntime's float16
     # result exactly, without numpy's emulated float16 arithmetic
     exact = {id(n) for n in nodes if id(n) not in converted and n.op_type in _EXACT and n.domain in ("", "ai.onnx")
-             and _ort_has_float16(n) and convertible(n)}
+             and _ort_has_float16(n) and convertible(n) and not _clip_bound_omitted(n)}
     converted |= exact
     if not converted:
         return False
