@@ -23,96 +23,21 @@ onnxruntime's. OpenBLAS and both runtimes get ``--threads`` threads.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import statistics
 import sys
 import time
-import warnings
 from pathlib import Path
 from typing import Callable
 
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
-DATA = ROOT / "tests" / "models" / "data"
+sys.path.insert(0, str(ROOT))
+from tests.float16_models import DATA, REPO_CONVERSIONS, conv_net, ln_block, repo_feeds, repo_float16  # noqa: E402
 
-__all__ = ["conv_net", "ln_block", "main"]
-
-
-def _init(name: str, arr: np.ndarray):
-    from onnx import numpy_helper
-
-    return numpy_helper.from_array(arr, name)
-
-
-def conv_net(rng: np.random.Generator, c: int = 32, hw: int = 128):
-    """A float16 conv net: Conv, Relu, BatchNormalization, Conv, Sigmoid, Resize, Softmax."""
-    from onnx import TensorProto, helper as h
-
-    f = np.float16
-    inits = [
-        _init("w1", (rng.standard_normal((c, 3, 3, 3)) * 0.3).astype(f)),
-        _init("b1", (rng.standard_normal(c) * 0.1).astype(f)),
-        _init("scale", (rng.random(c) + 0.5).astype(f)), _init("bias", (rng.standard_normal(c) * 0.1).astype(f)),
-        _init("mean", (rng.standard_normal(c) * 0.1).astype(f)), _init("var", (rng.random(c) + 0.5).astype(f)),
-        _init("w2", (rng.standard_normal((c, c, 3, 3)) * 0.1).astype(f)),
-        _init("scales", np.array([1, 1, 2, 2], np.float32)),
-        _init("shape", np.array([1, c, -1], np.int64)),
-    ]
-    nodes = [
-        h.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1]),
-        h.make_node("Relu", ["c1"], ["r1"]),
-        h.make_node("BatchNormalization", ["r1", "scale", "bias", "mean", "var"], ["bn"]),
-        h.make_node("Conv", ["bn", "w2"], ["c2"], pads=[1, 1, 1, 1]),
-        h.make_node("Sigmoid", ["c2"], ["s"]),
-        h.make_node("Resize", ["s", "", "scales"], ["up"], mode="linear"),
-        h.make_node("Reshape", ["up", "shape"], ["flat"]),
-        h.make_node("Softmax", ["flat"], ["y"], axis=-1),
-    ]
-    g = h.make_graph(nodes, "conv_net", [h.make_tensor_value_info("x", TensorProto.FLOAT16, [1, 3, hw, hw])],
-                     [h.make_tensor_value_info("y", TensorProto.FLOAT16, None)], inits)
-    return h.make_model(g, opset_imports=[h.make_opsetid("", 17)], ir_version=9)
-
-
-def ln_block(rng: np.random.Generator, s: int = 256, d: int = 256):
-    """A float16 transformer block: LayerNormalization, MatMul, Gelu, MatMul, residual."""
-    from onnx import TensorProto, helper as h
-
-    f = np.float16
-    inits = [
-        _init("gamma", (rng.random(d) + 0.5).astype(f)), _init("beta", (rng.standard_normal(d) * 0.1).astype(f)),
-        _init("w1", (rng.standard_normal((d, 4 * d)) / np.sqrt(d)).astype(f)),
-        _init("b1", (rng.standard_normal(4 * d) * 0.1).astype(f)),
-        _init("w2", (rng.standard_normal((4 * d, d)) / np.sqrt(4 * d)).astype(f)),
-    ]
-    nodes = [
-        h.make_node("LayerNormalization", ["x", "gamma", "beta"], ["ln"], axis=-1, epsilon=1e-5),
-        h.make_node("MatMul", ["ln", "w1"], ["m1"]),
-        h.make_node("Add", ["m1", "b1"], ["a1"]),
-        h.make_node("Gelu", ["a1"], ["g"]),
-        h.make_node("MatMul", ["g", "w2"], ["m2"]),
-        h.make_node("Add", ["m2", "x"], ["res"]),
-        h.make_node("LayerNormalization", ["res", "gamma", "beta"], ["y"], axis=-1, epsilon=1e-5),
-    ]
-    g = h.make_graph(nodes, "ln_block", [h.make_tensor_value_info("x", TensorProto.FLOAT16, [1, s, d])],
-                     [h.make_tensor_value_info("y", TensorProto.FLOAT16, [1, s, d])], inits)
-    return h.make_model(g, opset_imports=[h.make_opsetid("", 20)], ir_version=9)
-
-
-def _repo_feeds(name: str, rng: np.random.Generator, half: bool) -> dict:
-    if name in ("resnet_small", "mobilenet_small"):
-        x = rng.standard_normal((4, 3, 64, 64)).astype(np.float32)
-        return {"image": x.astype(np.float16) if half else x}
-    ids = rng.integers(0, 100, (2, 16)).astype(np.int64)
-    if name == "transformer_encoder":
-        return {"input_ids": ids}
-    mask = np.ones((2, 16), np.int64)
-    return {"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros((2, 16), np.int64)}
-
-
-#: as tests/cpu/test_float16_models.py converts them
-_REPO = {"resnet_small": {}, "mobilenet_small": {}, "transformer_encoder": {"op_block_list": ["Cast"]},
-         "bert_tiny": {}}
+__all__ = ["main"]
 
 
 class Case:
@@ -123,26 +48,19 @@ class Case:
 
 
 def _cases(published: bool) -> list[Case]:
-    import onnx
-
     rng = np.random.default_rng(0)
     cases = [
-        Case("conv_net (32 ch, 128x128)", conv_net(rng).SerializeToString(),
+        Case("conv_net (32 ch, 128x128)", conv_net(rng, c=32, hw=128).SerializeToString(),
              {"x": rng.standard_normal((1, 3, 128, 128)).astype(np.float16)}),
-        Case("ln_block (256 x 256)", ln_block(rng).SerializeToString(),
+        Case("ln_block (256 x 256)", ln_block(rng, s=256, d=256).SerializeToString(),
              {"x": rng.standard_normal((1, 256, 256)).astype(np.float16)}),
     ]
-    try:
-        from onnxconverter_common.float16 import convert_float_to_float16
-    except ImportError:
+    if importlib.util.find_spec("onnxconverter_common") is None:
         print("onnxconverter_common is missing: the repository's models are left out", file=sys.stderr)
     else:
-        for name, kw in _REPO.items():
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                m16 = convert_float_to_float16(onnx.load(str(DATA / f"{name}.onnx")), **kw)
-            cases.append(Case(name, m16.SerializeToString(), _repo_feeds(name, np.random.default_rng(0), True),
-                              (str(DATA / f"{name}.onnx"), _repo_feeds(name, np.random.default_rng(0), False))))
+        for name in REPO_CONVERSIONS:
+            cases.append(Case(name, repo_float16(name), repo_feeds(name, np.random.default_rng(0), True),
+                              (str(DATA / f"{name}.onnx"), repo_feeds(name, np.random.default_rng(0), False))))
     if published:
         try:
             from .published.fetch import FetchError, fetch_model

@@ -9,9 +9,6 @@ shows that the half-precision graph still computes the same function.
 
 from __future__ import annotations
 
-import warnings
-from pathlib import Path
-
 import numpy as np
 import pytest
 
@@ -21,51 +18,19 @@ pytest.importorskip("onnxconverter_common")
 
 import onnxrt
 
-DATA = Path(__file__).resolve().parent.parent / "models" / "data"
+from tests.float16_models import DATA, REPO_CONVERSIONS, repo_feeds, repo_float16
 
-
-def _to_fp16(name: str, **kw) -> bytes:
-    from onnxconverter_common.float16 import convert_float_to_float16
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        m16 = convert_float_to_float16(onnx.load(str(DATA / f"{name}.onnx")), **kw)
-    return m16.SerializeToString()
-
-
-def _feeds(name: str, rng, half: bool):
-    if name in ("resnet_small", "mobilenet_small"):
-        x = rng.standard_normal((4, 3, 64, 64)).astype(np.float32)
-        return {"image": x.astype(np.float16) if half else x}
-    ids = rng.integers(0, 100, (2, 16)).astype(np.int64)
-    if name == "transformer_encoder":
-        return {"input_ids": ids}
-    mask = np.ones((2, 16), np.int64)
-    mask[1, 12:] = 0
-    return {
-        "input_ids": ids,
-        "attention_mask": mask,
-        "token_type_ids": np.zeros((2, 16), np.int64),
-    }
-
-
-CASES = {
-    "resnet_small": {},
-    "mobilenet_small": {},
-    # the converter would retype this export's float Casts without changing their 'to'
-    "transformer_encoder": {"op_block_list": ["Cast"]},
-    "bert_tiny": {},
-}
+CASES = REPO_CONVERSIONS
 
 
 @pytest.mark.parametrize("name", list(CASES))
 def test_float16_model_matches_onnxruntime(name):
-    model = _to_fp16(name, **CASES[name])
+    model = repo_float16(name)
     assert any(
         t.data_type == onnx.TensorProto.FLOAT16
         for t in onnx.load_from_string(model).graph.initializer
     )
-    feeds = _feeds(name, np.random.default_rng(0), half=True)
+    feeds = repo_feeds(name, np.random.default_rng(0), half=True)
     got = onnxrt.InferenceSession(model, providers=["CPUExecutionProvider"]).run(
         None, feeds
     )
@@ -74,7 +39,7 @@ def test_float16_model_matches_onnxruntime(name):
     )
     ref32 = onnxrt.InferenceSession(
         str(DATA / f"{name}.onnx"), providers=["CPUExecutionProvider"]
-    ).run(None, _feeds(name, np.random.default_rng(0), half=False))
+    ).run(None, repo_feeds(name, np.random.default_rng(0), half=False))
     for g, e, r in zip(got, exp, ref32):
         assert g.dtype == e.dtype == np.float16 and g.shape == e.shape
         mag = float(np.abs(e.astype(np.float32)).max())
@@ -89,7 +54,7 @@ def test_float16_model_matches_onnxruntime(name):
 
 
 def test_float16_labels_agree_on_a_batch():
-    model = _to_fp16("resnet_small")
+    model = repo_float16("resnet_small")
     x = np.random.default_rng(5).standard_normal((32, 3, 64, 64)).astype(np.float16)
     got = onnxrt.InferenceSession(model, providers=["CPUExecutionProvider"]).run(
         None, {"image": x}
