@@ -50,7 +50,9 @@ OPENBLAS_VARS = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
 CHILD_TIMEOUT_S = 1800
 
 
-def _sessions(path: str, threads: int):
+def sessions(path: str, threads: int):
+    """An onnxrt and an onnxruntime session of the model at ``path``, each on the CPU
+    provider with ``threads`` intra-op threads."""
     import onnxruntime as rt
 
     import onnxrt as ort
@@ -82,7 +84,7 @@ def _blas_kernel() -> str:
 
 def measure_latency(m: PublishedModel, threads: int, seconds: float) -> dict:
     """Median and p90 of both runtimes, alternating run by run."""
-    ours, theirs = _sessions(str(fetch_model(m)), threads)
+    ours, theirs = sessions(str(fetch_model(m)), threads)
     feeds = m.feeds(np.random.default_rng(0))
     for _ in range(2):  # warm-up: first-run allocations and caches
         ours.run(None, feeds)

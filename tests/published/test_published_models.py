@@ -19,10 +19,10 @@ import pytest
 
 onnxruntime = pytest.importorskip("onnxruntime")
 
-import onnxrt  # noqa: E402
 from benchmarks.published import agreement  # noqa: E402
 from benchmarks.published.fetch import HashMismatch, RegistryUnreachable, fetch_model, sha256  # noqa: E402
 from benchmarks.published.models import MODELS, get  # noqa: E402
+from benchmarks.published.run import sessions  # noqa: E402
 
 THREADS = 2
 
@@ -48,15 +48,7 @@ def _path(key: str) -> str:
 
 
 def _sessions(path: str):
-    so = onnxrt.SessionOptions()
-    so.intra_op_num_threads = THREADS
-    ours = onnxrt.InferenceSession(path, so, providers=["CPUExecutionProvider"])
-    ro = onnxruntime.SessionOptions()
-    ro.intra_op_num_threads = THREADS
-    ro.inter_op_num_threads = 1
-    ro.log_severity_level = 3
-    theirs = onnxruntime.InferenceSession(path, ro, providers=["CPUExecutionProvider"])
-    return ours, theirs
+    return sessions(path, THREADS)
 
 
 def _params():
