@@ -8,14 +8,13 @@ bodies are compiled the same way, each into a :class:`Subgraph`.
 
 from __future__ import annotations
 
-from contextlib import nullcontext
 from typing import Callable
 
 from ..errors import Fail, InvalidArgument, InvalidGraph, NotImplemented
 from ..ir.graph import Graph
 from ..partition.partitioner import Partition
 from ..plan import Plan, PlanBuilder
-from ..plugin.provider import HostDevice, group_io
+from ..plugin.provider import HostDevice, device_scope, group_io
 
 __all__ = ["Subgraph", "compile_plan"]
 
@@ -90,7 +89,7 @@ def compile_plan(graph: Graph, part: Partition, node_info: Callable, *, max_byte
             if id(cap) in emitted:
                 continue
             emitted.add(id(cap))
-            with _scope(fp.device):
+            with device_scope(fp.device):
                 kernel = fp.compile(cap, graph, node_info)
             inputs, outputs = group_io(graph, cap.nodes)
             builder.add_step(kernel.run, inputs, outputs, fp.device, cap.fused_name or cap.nodes[0].name,
@@ -101,7 +100,7 @@ def compile_plan(graph: Graph, part: Partition, node_info: Callable, *, max_byte
         for k, sg in node.subgraphs.items():
             ni.attrs[k] = [subgraph(s) for s in sg] if isinstance(sg, list) else subgraph(sg)
         try:
-            with _scope(p.device):
+            with device_scope(p.device):
                 kernel = p.create_kernel(ni)
         except (InvalidArgument, InvalidGraph, NotImplemented):
             raise
@@ -111,9 +110,3 @@ def compile_plan(graph: Graph, part: Partition, node_info: Callable, *, max_byte
                          implicit=ni.implicit_inputs, domain=node.domain,
                          host_inputs=getattr(kernel, "host_inputs", frozenset()))
     return builder.build(graph.output_names())
-
-
-def _scope(device):
-    """The device's run scope, entered while its kernels are built."""
-    scope = getattr(device, "run_scope", None)
-    return scope() if scope is not None else nullcontext()

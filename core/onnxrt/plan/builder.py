@@ -9,13 +9,13 @@ generated Python (:mod:`onnxrt.plan.codegen`).
 
 from __future__ import annotations
 
-from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
 
 from ..errors import InvalidArgument
+from ..plugin.provider import device_scope
 from .codegen import _DISCARD_SLOT, _NONE_SLOT, Plan
 from .shape_memo import memoized_steps
 
@@ -65,8 +65,9 @@ class PlanBuilder:
         self.input_slots: dict[str, int] = {}
         self.outer_slots: dict[str, int] = {}
         self.constants: dict[int, Any] = {}
-        self.pinned: set[int] = set()
         self.scopes: list = []
+        #: devices constants were uploaded to, synchronized once the plan is built
+        self.uploaded: list = []
 
     def _new_slot(self) -> int:
         s = self.n_slots
@@ -114,13 +115,13 @@ class PlanBuilder:
             return s
         key = (name, id(device))
         s = self.copies.get(key)
-        if s is None and v.device.is_host and v.slot in self.constants and v.slot not in self.input_slots.values():
-            # a constant is uploaded once, here, and the device copy is a constant too
+        if s is None and v.device.is_host and v.slot in self.constants and name not in self.input_slots:
+            # a constant (not one a feed may override) is uploaded once, here, and the
+            # device copy is a constant of the plan too
             s = self._new_slot()
-            scope = getattr(device, "run_scope", None)
-            with scope() if scope is not None else nullcontext():
-                self.constants[s] = _copy_fn(device.from_host)(self.constants[v.slot])[0]
-                device.synchronize()  # other threads read it on their own streams
+            with device_scope(device):
+                self.constants[s] = device.from_host(self.constants[v.slot])
+            self.uploaded.append(device)
             self.copies[key] = s
             return s
         if s is None:
@@ -165,6 +166,9 @@ class PlanBuilder:
         out_slots = []
         for o in output_names:
             out_slots.append(self._read(o, self.host))
+        for device in {id(d): d for d in self.uploaded}.values():
+            with device_scope(device):
+                device.synchronize()  # runs on other threads read the constants on their own streams
         keep = set(out_slots) | set(self.constants) | {_NONE_SLOT}
         _set_frees(self.steps, keep)
         fast = None

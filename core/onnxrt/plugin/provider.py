@@ -8,6 +8,7 @@ planner inserts copy steps that call ``device.to_host``/``device.from_host``.
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from typing import Any, ClassVar
 
 import numpy as np
@@ -49,6 +50,14 @@ class Device:
 
     def __repr__(self) -> str:
         return f"<Device {self.kind}:{self.device_id}>"
+
+
+def device_scope(device: Device):
+    """``device.run_scope()`` when the device has one, else a context that does nothing:
+    what the core enters around work for a device outside a run (building its kernels,
+    uploading its constants)."""
+    scope = getattr(device, "run_scope", None)
+    return scope() if scope is not None else nullcontext()
 
 
 class HostDevice(Device):
