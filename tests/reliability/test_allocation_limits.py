@@ -2,8 +2,6 @@
 anything is allocated (Linux overcommits, so allocating first and failing later is
 not an option: the process would be killed when the pages are touched)."""
 
-import tracemalloc
-
 import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
@@ -18,9 +16,9 @@ from onnxrt.run.limits import (
 )
 
 from ..conftest import make_model
+from .caps import CAP, peak_during, refused_run
 
 F, I64 = TensorProto.FLOAT, TensorProto.INT64
-CAP = 1 << 20  # 1 MiB for the tests below; every request is a few MiB
 
 
 def _vi(name, t=F, shape=None):
@@ -31,16 +29,6 @@ def _capped(cap=CAP):
     so = ort.SessionOptions()
     so.max_allocation_bytes = cap
     return so
-
-
-def _peak_during(fn):
-    tracemalloc.start()
-    try:
-        fn()
-    finally:
-        _, peak = tracemalloc.get_traced_memory()
-        tracemalloc.stop()
-    return peak
 
 
 # each case: a model, a feed over the cap, a feed under it and the expected result shape
@@ -113,16 +101,9 @@ CASES = {
 def test_run_time_shape_over_the_cap_is_refused_before_allocating(op):
     model, big, small, shape = CASES[op]
     sess = ort.InferenceSession(model.SerializeToString(), _capped())
-    err = []
-
-    def run_big():
-        with pytest.raises(ort.InvalidArgument, match="max_allocation_bytes") as e:
-            sess.run(None, big)
-        err.append(str(e.value))
-
-    peak = _peak_during(run_big)
+    message, peak = refused_run(sess, big)
     assert peak < CAP, f"{op} allocated {peak} bytes before refusing"
-    assert op.split("-")[0] in err[0]  # names the node's op
+    assert op.split("-")[0] in message  # names the node's op
     if small is not None:
         (y,) = sess.run(None, small)
         assert y.shape == shape
@@ -147,7 +128,7 @@ def test_huge_shapes_under_the_default_cap_never_raise_memory_error():
 
 def test_random_normal_with_a_huge_shape_attribute_fails_at_session_creation():
     model = make_model([helper.make_node("RandomNormal", [], ["y"], shape=[1 << 20, 1 << 20])], [], [_vi("y")])
-    peak = _peak_during(lambda: pytest.raises(ort.InvalidArgument, ort.InferenceSession, model.SerializeToString()))
+    peak = peak_during(lambda: pytest.raises(ort.InvalidArgument, ort.InferenceSession, model.SerializeToString()))
     assert peak < 64 << 20
     with pytest.raises(ort.InvalidArgument, match="RandomNormal.*max_allocation_bytes"):
         ort.InferenceSession(model.SerializeToString())
@@ -173,7 +154,7 @@ def test_constant_folding_respects_the_cap():
     shape = numpy_helper.from_array(np.array([1024, 1024], np.int64), "s")
     model = make_model([helper.make_node("ConstantOfShape", ["s"], ["y"])], [], [_vi("y")], [shape])
     holder = []
-    peak = _peak_during(lambda: holder.append(
+    peak = peak_during(lambda: holder.append(
         pytest.raises((ort.InvalidGraph, ort.InvalidArgument),
                       lambda: ort.InferenceSession(model.SerializeToString(), _capped()).run(None, {}))))
     assert "max_allocation_bytes" in str(holder[0].value)
