@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import copy
 import threading
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 from onnx import ModelProto
@@ -35,6 +35,9 @@ from .run.limits import limit_allocations, session_max_bytes
 from .run.malloc import CONFIG_KEY as HEAP_CONFIG_KEY
 from .run.malloc import tune_heap
 from .run.threads import ThreadSettings
+
+if TYPE_CHECKING:
+    from .ir.graph import Graph
 
 __all__ = ["InferenceSession", "ModelMetadata", "Subgraph"]
 
