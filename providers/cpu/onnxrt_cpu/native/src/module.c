@@ -6,7 +6,7 @@ static PyMethodDef *const tables[] = {pool_methods, geometry_methods, blas_metho
                                       winograd_methods, direct_methods, gqa_methods, rnn_methods, igemm_methods,
                                       qconv8_methods, nbits8_methods};
 
-static PyMethodDef methods[64];
+static PyMethodDef methods[160];
 
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "_kernels", "Compiled kernels of the onnxrt CPU provider.", -1, methods,
