@@ -10,7 +10,8 @@ what the graph did:
   and ``y`` per tensor, ``w`` per tensor or per output channel (axis 0), the bias
   int32 with zero point 0 and scale ``x_scale * w_scale``.
 - ``qdq_matmul_fusion``: ``Q(MatMul(DQ(a), DQ(b)))`` -> ``QLinearMatMul`` (per
-  tensor); ``MatMul(DQ(a), DQ(b))`` read as float -> com.microsoft
+  tensor, or ``b`` a constant 2-D weight per column); ``MatMul(DQ(a), DQ(b))`` read
+  as float -> com.microsoft
   ``MatMulIntegerToFloat`` (``b`` constant, per tensor or per column).
 - ``qdq_gemm_fusion``: ``[Q](Gemm(DQ(a), DQ(b) [, DQ(c)]))`` -> com.microsoft
   ``QGemm`` (per tensor, ``beta`` 1, the bias as for Conv).
@@ -258,7 +259,9 @@ def qdq_matmul_fusion(graph, ctx) -> bool:
         if not _io_ok(view, a, b) or not a.per_tensor or not _pair_ok(view, a, b):
             continue
         y = _q_after(view, mm.outputs[0], p)
-        if y is not None and _int_type(view, y) is not None and b.per_tensor:
+        # QLinearMatMul takes b per tensor, or a constant 2-D b per column (a scale and
+        # a zero point for each of its N columns, as onnxruntime's kernel does)
+        if y is not None and _int_type(view, y) is not None and (b.per_tensor or _const_b_ok(view, b, 1)):
             azp, bzp, yzp = (_zp_input(view, q, mm.name) for q in (a, b, y))
             fused = view.make_node("QLinearMatMul", [a.value, a.scale, azp, b.value, b.scale, bzp, y.scale, yzp],
                                    [y.value], mm.name)

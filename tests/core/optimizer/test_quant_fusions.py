@@ -142,6 +142,42 @@ def test_qdq_matmul_becomes_qlinear_matmul():
     _compare(_matmul_model(), _x([2, 7, 16]), 0.05, {"QLinearMatMul"}, {"MatMul"})
 
 
+def _per_column_matmul_model(k=48, n=40, axis=1, zp_shift=0):
+    """uint8 activations times an int8 weight quantized per column (its scale and zero
+    point [N] on axis 1), requantized: a Whisper-style encoder's QDQ linear layer."""
+    rng = np.random.default_rng(4)
+    ws = rng.uniform(0.001, 0.02, n).astype(np.float32)
+    wz = np.zeros(n, np.int8) + np.int8(zp_shift)
+    inits = {"as": np.float32(0.04), "az": np.uint8(131), "w": rng.integers(-127, 128, (k, n)).astype(np.int8),
+             "ws": ws if axis == 1 else ws[:k], "wz": wz if axis == 1 else wz[:k],
+             "ys": np.float32(0.03), "yz": np.uint8(120)}
+    nodes = [
+        _q("x", "xq", "as", "az"), _dq("xq", "xd", "as", "az"), _dq("w", "wd", "ws", "wz", axis=axis),
+        helper.make_node("MatMul", ["xd", "wd"], ["c"]),
+        _q("c", "cq", "ys", "yz"), _dq("cq", "y", "ys", "yz"),
+    ]
+    return model(nodes, [vi("x", [1, 37, k])], [vi("y", None)], inits.items(), opset=13)
+
+
+@pytest.mark.parametrize("zp_shift", [0, 3])
+def test_qdq_matmul_per_column_weights_become_qlinear_matmul(zp_shift):
+    m = _per_column_matmul_model(zp_shift=zp_shift)
+    feeds = _x([1, 37, 48], seed=5)
+    got = _compare(m, feeds, 0.03, {"QLinearMatMul"}, {"MatMul"})
+    # onnxruntime fuses the same unit into its QLinearMatMul: the integers agree
+    ref = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    _within_one_step(got, ref, 0.03)
+
+
+def test_qdq_matmul_per_row_weights_stay_float():
+    """A weight quantized along K (axis 0) has no per-column form: the MatMul stays."""
+    m = _per_column_matmul_model(k=40, n=40, axis=0)
+    sess = session(m, ALL)
+    assert "QLinearMatMul" not in ops(sess) and ops(sess)["MatMul"] == 1
+    feeds = _x([1, 37, 40], seed=6)
+    np.testing.assert_array_equal(sess.run(None, feeds)[0], session(m, OFF).run(None, feeds)[0])
+
+
 def test_qdq_matmul_with_float_output_becomes_matmul_integer_to_float():
     m = _matmul_model(quantized_out=False)
     fused = session(m, ALL)
