@@ -59,32 +59,71 @@ def _is_file(path: Path) -> bool:
 
 
 def split_weights(proto: ModelProto) -> tuple[ModelProto, dict[str, np.ndarray]]:
-    """The model without its large main-graph initializers, and those decoded to arrays.
+    """The model without its large main-graph weights, and those decoded to arrays.
 
+    The weights are the large initializers and the large tensors of main-graph
+    ``Constant`` nodes (exporters such as paddle2onnx put every weight in one): such a
+    node's output is a constant of the graph either way, and left in the structure it
+    would travel through shape inference, which copies the whole model several times
+    over (ppocr-rec, 11 MB of weights in 420 Constant nodes: 48 MB more at the peak).
     Integer tensors stay in the proto at any size: shape inference propagates their
     values (Reshape targets, Slice bounds, Gather indices).
     """
     keep_ints = (onnx.TensorProto.INT64, onnx.TensorProto.INT32)
-    big = [t for t in proto.graph.initializer
-           if t.data_type not in keep_ints and math.prod(t.dims) > LARGE_WEIGHT]
-    if not big:
+
+    def large(t: onnx.TensorProto) -> bool:
+        return t.data_type not in keep_ints and math.prod(t.dims) > LARGE_WEIGHT
+
+    g = proto.graph
+    big = [t for t in g.initializer if large(t)]
+    constants = _large_constants(g, large)
+    if not big and not constants:
         return proto, {}
     weights = {}
     for t in big:
         if t.name in weights:
             raise InvalidGraph(f"initializer {t.name!r} is defined twice")
         weights[t.name] = tensor_to_array(t, "initializer")
+    for name, t in constants.items():
+        weights[name] = tensor_to_array(t, f"Constant {name}")
     light = ModelProto()
     _copy_fields(proto, light, skip="graph")
-    _copy_fields(proto.graph, light.graph, skip="initializer")
-    light.graph.initializer.extend(t for t in proto.graph.initializer if t.name not in weights)
+    _copy_fields(g, light.graph, skip=("initializer", "node", "value_info"))
+    light.graph.initializer.extend(t for t in g.initializer if t.name not in weights)
+    light.graph.node.extend(n for n in g.node
+                            if not (n.op_type == "Constant" and n.domain in ("", "ai.onnx")
+                                    and len(n.output) == 1 and n.output[0] in constants))
+    # a constant's declared type is its array's now (it enters shape inference as a typed input)
+    light.graph.value_info.extend(vi for vi in g.value_info if vi.name not in constants)
     return light, weights
 
 
-def _copy_fields(src, dst, skip: str) -> None:
-    """Copy every set field of message ``src`` into ``dst`` except ``skip``, leaving ``src`` as it is."""
+def _large_constants(g: onnx.GraphProto, large) -> dict[str, onnx.TensorProto]:
+    """The main graph's ``Constant`` nodes holding one large tensor (``value``), by
+    output name: those whose output is a plain name of the graph, neither one of its
+    outputs (a graph output stays produced by a node) nor a name something else defines
+    (a malformed graph keeps its node, and the checks report it as before)."""
+    found: dict[str, onnx.TensorProto] = {}
+    for n in g.node:
+        if (n.op_type == "Constant" and n.domain in ("", "ai.onnx") and len(n.output) == 1
+                and n.output[0] and len(n.attribute) == 1 and n.attribute[0].name == "value"
+                and n.attribute[0].type == onnx.AttributeProto.TENSOR and large(n.attribute[0].t)):
+            if n.output[0] in found:
+                found[n.output[0]] = None  # defined twice: left to the checks
+            else:
+                found[n.output[0]] = n.attribute[0].t
+    if not found:
+        return {}
+    taken = {vi.name for vi in g.input} | {vi.name for vi in g.output} | {t.name for t in g.initializer}
+    taken.update(o for n in g.node if n.op_type != "Constant" for o in n.output)
+    return {k: t for k, t in found.items() if t is not None and k not in taken}
+
+
+def _copy_fields(src, dst, skip: str | tuple[str, ...]) -> None:
+    """Copy every set field of message ``src`` into ``dst`` except those ``skip`` names, leaving ``src`` as it is."""
+    skip = (skip,) if isinstance(skip, str) else skip
     for fd, value in src.ListFields():
-        if fd.name == skip:
+        if fd.name in skip:
             continue
         # protobuf 5.28 added is_repeated and later ones dropped label
         if fd.is_repeated if hasattr(fd, "is_repeated") else fd.label == fd.LABEL_REPEATED:

@@ -58,15 +58,35 @@ def _conv_params(view: GraphView, conv):
     return w, b
 
 
-def _rewritten_conv(view: GraphView, conv, w: np.ndarray, b: np.ndarray, dtype, output: str):
-    """A copy of ``conv`` with new weights and bias, writing ``output``."""
-    wn = view.add_constant(conv.inputs[1] + "_folded", w.astype(dtype))
+def _rewritten_conv(view: GraphView, conv, w: np.ndarray | None, b: np.ndarray, dtype, output: str):
+    """A copy of ``conv`` with new weights (None: its own, unchanged) and bias, writing ``output``."""
+    wn = conv.inputs[1] if w is None else view.add_constant(conv.inputs[1] + "_folded", w.astype(dtype))
     bn = view.add_constant((conv.inputs[2] if len(conv.inputs) > 2 and conv.inputs[2] else conv.name + "_B")
                            + "_folded", b.astype(dtype))
     new = view.make_node("Conv", [conv.inputs[0], wn, bn], [output], conv.name)
     new.attrs = dict(conv.attrs)
     new.opset = conv.opset
     return new
+
+
+def _replace_folded(view: GraphView, old: list, new, made: list[str]) -> bool:
+    """``view.replace(old, [new])``; where it is refused, the constants ``made`` for
+    ``new`` are dropped again, so that a refused fold leaves no weight copy behind
+    (which would also keep the transforms' rounds going, as dead-node elimination
+    then finds something to remove every round)."""
+    if view.replace(old, [new]):
+        return True
+    for name in made:
+        view.graph.initializers.pop(name, None)
+        view.graph.value_types.pop(name, None)
+    return False
+
+
+def _swallowable(view: GraphView, conv, node) -> bool:
+    """Whether ``node`` is the only reader of ``conv``'s output (no graph output
+    either): what :meth:`GraphView.replace` asks of the pair, checked before any
+    weights are computed for it."""
+    return view.internal(conv.outputs[0], [conv, node])
 
 
 def _per_channel(view: GraphView, name: str, m: int, rank: int) -> np.ndarray | None:
@@ -90,7 +110,7 @@ def conv_bn_fusion(graph, ctx) -> bool:
         if len(bn.inputs) != 5 or any(o for o in bn.outputs[1:]) or bn.attr("training_mode", 0):
             continue
         conv = _foldable_conv(view, bn.inputs[0])
-        if conv is None:
+        if conv is None or not _swallowable(view, conv, bn):
             continue
         params = [view.const(i) for i in bn.inputs[1:]]
         w, b = _conv_params(view, conv)
@@ -104,7 +124,8 @@ def conv_bn_fusion(graph, ctx) -> bool:
             continue  # a factor that is not finite (a zero or negative variance): left unfolded
         w2 = w.astype(np.float64) * f.reshape((m,) + (1,) * (w.ndim - 1))
         b2 = (b.astype(np.float64) - mean) * f + beta
-        view.replace([conv, bn], [_rewritten_conv(view, conv, w2, b2, w.dtype, bn.outputs[0])])
+        new = _rewritten_conv(view, conv, w2, b2, w.dtype, bn.outputs[0])
+        _replace_folded(view, [conv, bn], new, [i for i in new.inputs[1:3] if i not in conv.inputs])
     return view.finish()
 
 
@@ -128,22 +149,24 @@ def _binary_fold(op_type: str, fold_side):
 def _conv_binary(op_type: str, combine):
     def fold_side(view, node, side) -> bool:
         conv = _foldable_conv(view, node.inputs[side])
-        if conv is None:
+        if conv is None or not _swallowable(view, conv, node):
             return False
         w, b = _conv_params(view, conv)
         c = _per_channel(view, node.inputs[1 - side], w.shape[0], w.ndim)
         if c is None or view.const(node.inputs[1 - side]).dtype != w.dtype:
             return False
-        w2, b2 = combine(w.astype(np.float64), b.astype(np.float64), c)
-        return view.replace([conv, node], [_rewritten_conv(view, conv, w2, b2, w.dtype, node.outputs[0])])
+        w2, b2 = combine(w, b.astype(np.float64), c)
+        new = _rewritten_conv(view, conv, w2, b2, w.dtype, node.outputs[0])
+        return _replace_folded(view, [conv, node], new, [i for i in new.inputs[1:3] if i not in conv.inputs])
 
     return _binary_fold(op_type, fold_side)
 
 
-conv_add_fusion = _conv_binary("Add", lambda w, b, c: (w, b + c))
+# an Add leaves the weights as they are: the Conv keeps reading its own (no copy)
+conv_add_fusion = _conv_binary("Add", lambda w, b, c: (None, b + c))
 conv_add_fusion.__doc__ = "Fold a constant per-channel Add into the Conv before it."
 conv_mul_fusion = _conv_binary(
-    "Mul", lambda w, b, s: (w * s.reshape((-1,) + (1,) * (w.ndim - 1)), b * s))
+    "Mul", lambda w, b, s: (w.astype(np.float64) * s.reshape((-1,) + (1,) * (w.ndim - 1)), b * s))
 conv_mul_fusion.__doc__ = "Fold a constant per-channel Mul into the Conv before it."
 
 
@@ -202,6 +225,8 @@ def _bn_binary(op_type: str, combine):
         if found is None:
             return False
         bn, (scale, beta, _, _), rank = found
+        if not view.internal(bn.outputs[0], [bn, node]):
+            return False
         c = _per_channel(view, node.inputs[1 - side], scale.shape[0], rank)
         if c is None or view.const(node.inputs[1 - side]).dtype != scale.dtype:
             return False
@@ -212,7 +237,7 @@ def _bn_binary(op_type: str, combine):
                              [node.outputs[0]], bn.name)
         new.attrs = dict(bn.attrs)
         new.opset = bn.opset
-        return view.replace([bn, node], [new])
+        return _replace_folded(view, [bn, node], new, [sn, bname])
 
     return _binary_fold(op_type, fold_side)
 
