@@ -4,7 +4,12 @@ Level 2, after partitioning: a match is replaced only where the provider that ow
 both nodes has a kernel for the fused op. The activation's parameters travel as
 onnxruntime's fused ops take them: FusedConv's ``activation_params`` (LeakyRelu:
 alpha; Clip: min, max; HardSigmoid: alpha, beta), FusedGemm's
-``activation_alpha``/``activation_beta``.
+``activation_alpha``/``activation_beta``. FusedConv also takes ``HardSwish`` (no
+parameters), which onnxruntime's does not: PP-LCNet and the PaddleOCR models follow
+their convolutions with it, and the CPU provider applies it to each tile of the output
+while it is in cache (where a HardSwish node is two passes over the whole output).
+The fusion asks the provider whether its FusedConv takes the activation, so a provider
+without it keeps the two nodes.
 
 - ``conv_activation_fusion``: ``act(Conv(x, W, b))``, ``act(Conv(x, W, b) + z)`` and
   ``Conv(x, W, b) + z`` where ``z`` has exactly the convolution's shape (a residual)
@@ -34,7 +39,7 @@ def activation_params(view: GraphView, act) -> list[float] | None:
     if act.domain != "":
         return None
     op = act.op_type
-    if op in ("Relu", "Sigmoid", "Tanh"):
+    if op in ("Relu", "Sigmoid", "Tanh", "HardSwish"):
         return []
     if op == "LeakyRelu":
         return [float(act.attr("alpha", 0.01))]

@@ -66,6 +66,15 @@ def planes(x, m: int, group: int, kernel, strides, dilations, pb, out_sp):
     geometry's arguments are tuples."""
     if x.ndim == 4:
         x4 = np.ascontiguousarray(x)
+        if x4.shape[3] == 1 and kernel[1] == 1 and out_sp[1] == 1 and pb[1] == 0 and x4.shape[2] > 1:
+            # A 1-D convolution along the rows of one-column planes (Magika's [N, C,
+            # 512, 1] by a 5x1 kernel) as one along a row: the same memory, but
+            # im2col copies each tap's runs of output positions whole where it
+            # took them one value per output row (Magika's 512 x 256 x 5 layer on
+            # two threads: 10.4 -> 6.9 ms)
+            x4 = x4.reshape(x4.shape[0], x4.shape[1], 1, x4.shape[2])
+            kernel, strides, dilations = (1, kernel[0]), (1, strides[0]), (1, dilations[0])
+            pb, out_sp = (0, pb[0]), (1, out_sp[0])
     elif x.ndim == 3:
         x4 = np.ascontiguousarray(x).reshape(x.shape[0], x.shape[1], 1, x.shape[2])
         kernel, strides, dilations, pb, out_sp = (1, *kernel), (1, *strides), (1, *dilations), (0, *pb), (1, *out_sp)

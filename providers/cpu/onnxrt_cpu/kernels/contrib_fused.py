@@ -34,6 +34,11 @@ def _hard_sigmoid(x, alpha=0.2, beta=0.5):
     )
 
 
+def _hard_swish(x):
+    # x * HardSigmoid(x) with ONNX HardSwish's alpha 1/6 and beta 1/2
+    return x * _hard_sigmoid(x, 1.0 / 6.0, 0.5)
+
+
 def _elu(x, alpha=1.0):
     with np.errstate(over="ignore"):
         return np.where(x >= 0, x, x.dtype.type(alpha) * np.expm1(np.minimum(x, 0)))
@@ -55,6 +60,7 @@ ACTIVATIONS = {
     "LeakyRelu": (_leaky, 1),
     "Clip": (_clip, 2),
     "HardSigmoid": (_hard_sigmoid, 2),
+    "HardSwish": (_hard_swish, 0),
     "Elu": (_elu, 1),
     "ThresholdedRelu": (_thresholded, 1),
     "ScaledTanh": (_scaled_tanh, 2),
@@ -71,7 +77,8 @@ _INPLACE = {
 class _InPlace:
     """FusedConv's activation applied in place to a part of the output, and its form
     for the compiled kernels, ``native``: ``(kind, lo, hi)`` (kind 1 Relu, 2 Clip to
-    ``[lo, hi]``), or None for the activations only numpy applies."""
+    ``[lo, hi]``, 3 LeakyRelu of alpha ``lo``, 4 HardSigmoid and 5 HardSwish of alpha
+    ``lo`` and beta ``hi``), or None for the activations only numpy applies."""
 
     __slots__ = ("name", "params", "inplace", "native")
 
@@ -85,6 +92,12 @@ class _InPlace:
         elif name == "Clip":
             bounds = (list(params[:2]) + [-np.inf, np.inf][len(params[:2]):])
             self.native = (2, float(bounds[0]), float(bounds[1]))
+        elif name == "LeakyRelu":
+            self.native = (3, float(params[0]), 0.0)
+        elif name == "HardSigmoid":
+            self.native = (4, float(params[0]), float(params[1]))
+        elif name == "HardSwish":
+            self.native = (5, 1.0 / 6.0, 0.5)
 
     def __call__(self, out: np.ndarray) -> None:
         if self.inplace is not None:

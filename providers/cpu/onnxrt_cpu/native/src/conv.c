@@ -188,7 +188,8 @@ PyDoc_STRVAR(conv2d_doc,
 "conv2d(x, w, b, z, y, geometry, act, lo, hi, threads)\n\n"
 "Convolution of x [N, C, H, W] with w [M, C / groups * kh * kw] (each group's rows\n"
 "together), plus the bias b [M] and the residual z (y's shape), each or None, then the\n"
-"activation act (0 none, 1 Relu, 2 Clip to [lo, hi]), into y [N, M, OH, OW].\n"
+"activation act (0 none, 1 Relu, 2 Clip to [lo, hi], 3 LeakyRelu of alpha lo, 4 HardSigmoid,\n"
+"5 HardSwish of alpha lo and beta hi), into y [N, M, OH, OW].\n"
 "geometry is a ConvGeometry (n, c, h, w, m, groups, kh, kw, sh, sw, dh, dw, pad_top,\n"
 "pad_left, oh, ow); pads are at least 0, the padding value is 0. float32 or float64, all alike. Needs\n"
 "set_blas; runs on up to threads threads, without the GIL.");
@@ -202,7 +203,7 @@ static PyObject *conv2d(PyObject *self, PyObject *args)
     if (!PyArg_ParseTuple(args, "OOOOOOiddi:conv2d", &xo, &wo, &bo, &zo, &yo, &go, &act, &lo, &hi, &threads) ||
         conv_geometry_get(go, &g, "conv2d") < 0)
         return NULL;
-    if (act < ACT_NONE || act > ACT_CLIP) {
+    if (act < ACT_NONE || act > ACT_LAST) {
         PyErr_SetString(PyExc_ValueError, "conv2d: invalid geometry or activation");
         return NULL;
     }

@@ -221,7 +221,8 @@ PyDoc_STRVAR(winograd3x3_doc,
 "3x3 convolution with stride 1 and dilation 1 of x [N, C, H, W] (float32) by F(2x2, 3x3):\n"
 "u [16, M, C] is the weight's transform G g G^T (element e = 4 i + j at u[e]), b [M]\n"
 "the bias and z (y's shape) the residual, each or None, then the activation act (0\n"
-"none, 1 Relu, 2 Clip to [lo, hi]), into y [N, M, OH, OW]. geometry is a ConvGeometry\n"
+"none, 1 Relu, 2 Clip to [lo, hi], 3-5 LeakyRelu, HardSigmoid, HardSwish as conv2d's), into\n"
+"y [N, M, OH, OW]. geometry is a ConvGeometry\n"
 "of groups 1 and a 3x3 kernel of stride and dilation 1, pads at least 0, zero padding. Needs set_blas; runs on up\n"
 "to threads threads, without the GIL.");
 
@@ -240,7 +241,7 @@ static PyObject *winograd3x3(PyObject *self, PyObject *args)
     }
     wino_geometry g = {cg.n, cg.c, cg.h, cg.w, cg.m, cg.pt, cg.pl, cg.oh, cg.ow};
     if (g.n < 0 || g.c < 1 || g.h < 1 || g.w < 1 || g.m < 1 || g.pt < 0 || g.pl < 0 || g.oh < 1 || g.ow < 1 ||
-        act < ACT_NONE || act > ACT_CLIP) {
+        act < ACT_NONE || act > ACT_LAST) {
         PyErr_SetString(PyExc_ValueError, "winograd3x3: invalid geometry or activation");
         return NULL;
     }

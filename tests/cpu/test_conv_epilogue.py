@@ -1,0 +1,201 @@
+"""The compiled convolutions' fused LeakyRelu, HardSigmoid and HardSwish, and 1-D
+convolutions along one-column planes (``[N, C, H, 1]`` by a ``k x 1`` kernel).
+
+Each activation is fused into FusedConv by the optimizer and applied by every compiled
+kernel (1x1 products, im2col tiles, the direct kernel, Winograd, both depthwise
+layouts) to its tiles: the numpy activation never runs. Results are checked against
+onnxruntime, which runs the same graph (fusing LeakyRelu and HardSigmoid itself, and
+HardSwish as its own node), against the numpy paths, and for float64 against the
+onnx reference evaluator.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+from onnx.reference import ReferenceEvaluator
+
+import onnxrt as ort
+from onnxrt_cpu import native
+from onnxrt_cpu.kernels import contrib_fused
+from tests.cpu.conv_cases import Counting, needs_native
+
+rt = pytest.importorskip("onnxruntime")
+
+#: (activation, its attributes)
+ACTS = [("LeakyRelu", {"alpha": 0.1}), ("HardSigmoid", {"alpha": 0.3, "beta": 0.4}), ("HardSwish", {})]
+
+#: (input shape, weight shape, Conv attributes, the compiled function that takes it)
+LAYERS = [
+    ((1, 16, 28, 28), (40, 16, 1, 1), {}, "conv2d"),
+    ((1, 8, 40, 37), (16, 8, 3, 3), {"pads": [1, 0, 2, 1]}, "direct2d"),
+    ((1, 32, 20, 64), (64, 32, 3, 3), {"pads": [1, 1, 1, 1], "dilations": [2, 1]}, "direct2d"),
+    ((1, 48, 20, 20), (40, 48, 3, 3), {"strides": [2, 2], "pads": [1, 1, 1, 1]}, "conv2d"),
+    ((1, 64, 14, 14), (64, 64, 3, 3), {"pads": [1, 1, 1, 1]}, "winograd3x3"),
+    ((1, 32, 40, 40), (32, 1, 3, 3), {"group": 32, "pads": [1, 1, 1, 1]}, "depthwise2d"),
+    ((2, 40, 14, 14), (40, 1, 3, 3), {"group": 40, "pads": [1, 1, 1, 1]}, "depthwise2d"),
+]
+
+
+def _model(x_shape, w_shape, attrs, act=None, act_attrs=None, dtype=np.float32, seed=0):
+    rng = np.random.default_rng(seed)
+    et = TensorProto.FLOAT if dtype == np.float32 else TensorProto.DOUBLE
+    w = (rng.standard_normal(w_shape) / np.sqrt(np.prod(w_shape[1:]))).astype(dtype)
+    b = (0.5 * rng.standard_normal(w_shape[0])).astype(dtype)
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c" if act else "y"], **attrs)]
+    if act:
+        nodes.append(helper.make_node(act, ["c"], ["y"], **(act_attrs or {})))
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", et, list(x_shape))],
+                              [helper.make_tensor_value_info("y", et, None)],
+                              [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9).SerializeToString()
+
+
+def _session(model, threads):
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = threads
+    return ort.InferenceSession(model, so, providers=["CPUExecutionProvider"])
+
+
+def _onnxruntime(model, feeds):
+    return rt.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+
+
+@pytest.fixture
+def no_numpy_activation(monkeypatch):
+    """FusedConv's numpy activation made to fail: a test that passes with it applied
+    its activation in the compiled kernel's epilogue."""
+
+    def refuse(name, x, params):
+        raise AssertionError(f"the numpy {name} ran on a FusedConv output")
+
+    monkeypatch.setattr(contrib_fused, "apply_activation", refuse)
+
+
+@needs_native
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("act, act_attrs", ACTS, ids=[a[0] for a in ACTS])
+@pytest.mark.parametrize("x_shape, w_shape, attrs, kernel", LAYERS, ids=[f"{k}-{i}" for i, (*_, k) in enumerate(LAYERS)])
+def test_activation_in_the_compiled_epilogue_matches_onnxruntime(x_shape, w_shape, attrs, kernel, act, act_attrs,
+                                                                 threads, monkeypatch, no_numpy_activation):
+    model = _model(x_shape, w_shape, attrs, act, act_attrs)
+    feeds = {"x": np.random.default_rng(1).standard_normal(x_shape).astype(np.float32)}
+    sess = _session(model, threads)
+    node, = sess._built.graph.nodes
+    assert node.op_type == "FusedConv" and node.attr("activation") == act
+    counting = Counting(native.K)
+    monkeypatch.setattr(native, "K", counting)
+    got = sess.run(None, feeds)[0]
+    assert counting.calls == {kernel: 1}
+    want = _onnxruntime(model, feeds)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    # the activation did something: negative inputs were scaled, or clipped to 0 and 1
+    if act == "LeakyRelu":
+        assert (want < 0).any()
+    elif act == "HardSigmoid":
+        assert (want == 0).any() and (want == 1).any()
+    else:
+        assert (want == 0).any() and (want < 0).any()
+
+
+@needs_native
+@pytest.mark.parametrize("act, act_attrs", ACTS, ids=[a[0] for a in ACTS])
+def test_activation_in_the_epilogue_equals_the_numpy_paths(act, act_attrs, monkeypatch):
+    """The compiled epilogue against the numpy paths (the activation applied by numpy
+    after the products), layer by layer."""
+    for x_shape, w_shape, attrs, _ in LAYERS:
+        model = _model(x_shape, w_shape, attrs, act, act_attrs)
+        feeds = {"x": np.random.default_rng(2).standard_normal(x_shape).astype(np.float32)}
+        got = _session(model, 2).run(None, feeds)[0]
+        with monkeypatch.context() as m:
+            m.setattr(native, "K", None)
+            numpy_path = _session(model, 2).run(None, feeds)[0]
+        np.testing.assert_allclose(got, numpy_path, rtol=1e-5, atol=1e-5)
+
+
+@needs_native
+@pytest.mark.parametrize("act, act_attrs", ACTS, ids=[a[0] for a in ACTS])
+def test_float64_activations_match_the_reference_evaluator(act, act_attrs, no_numpy_activation):
+    for x_shape, w_shape, attrs, kernel in LAYERS:
+        if kernel in ("direct2d", "winograd3x3"):
+            continue  # float32 kernels: float64 takes im2col
+        model = _model(x_shape, w_shape, attrs, act, act_attrs, dtype=np.float64)
+        feeds = {"x": np.random.default_rng(3).standard_normal(x_shape)}
+        got = _session(model, 2).run(None, feeds)[0]
+        assert got.dtype == np.float64
+        if act == "HardSwish":
+            # the reference expands HardSwish into its function body, whose alpha is a
+            # float32 attribute; onnxrt's HardSwish, fused or not, takes 1/6 in float64
+            c = ReferenceEvaluator(_model(x_shape, w_shape, attrs, dtype=np.float64)).run(None, feeds)[0]
+            want = c * np.clip(c / 6 + 0.5, 0, 1)
+        else:
+            want = ReferenceEvaluator(model).run(None, feeds)[0]
+        np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+
+
+@needs_native
+@pytest.mark.parametrize("act, act_attrs", ACTS, ids=[a[0] for a in ACTS])
+def test_nan_and_infinity_through_the_new_activations(act, act_attrs, no_numpy_activation):
+    """NaN stays NaN (LeakyRelu's NaN * alpha, the clips' comparisons), and the
+    infinities go where the formulas send them, as in numpy."""
+    x_shape, w_shape, attrs = (1, 4, 6, 6), (4, 1, 3, 3), {"group": 4, "pads": [1, 1, 1, 1]}
+    model = _model(x_shape, w_shape, attrs, act, act_attrs)
+    x = np.random.default_rng(0).standard_normal(x_shape).astype(np.float32)
+    x[0, 0, 2, 2] = np.nan
+    x[0, 1, 3, 3] = np.inf
+    x[0, 2, 1, 1] = -np.inf
+    with np.errstate(invalid="ignore"):
+        want = ReferenceEvaluator(model).run(None, {"x": x})[0]
+        got = _session(model, 1).run(None, {"x": x})[0]
+    assert np.isnan(want).any()
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_hard_swish_is_fused_only_where_the_provider_takes_it():
+    """A Conv followed by HardSwish becomes one FusedConv on the CPU provider; with the
+    fusion disabled, the two nodes stay."""
+    model = _model((1, 8, 10, 10), (8, 8, 3, 3), {"pads": [1, 1, 1, 1]}, "HardSwish")
+    feeds = {"x": np.random.default_rng(4).standard_normal((1, 8, 10, 10)).astype(np.float32)}
+    so = ort.SessionOptions()
+    so.disabled_optimizers = ["conv_activation_fusion"]
+    plain = ort.InferenceSession(model, so, providers=["CPUExecutionProvider"])
+    assert [n.op_type for n in plain._built.graph.nodes] == ["Conv", "HardSwish"]
+    fused = _session(model, 1)
+    assert [n.op_type for n in fused._built.graph.nodes] == ["FusedConv"]
+    np.testing.assert_allclose(fused.run(None, feeds)[0], plain.run(None, feeds)[0], rtol=1e-6, atol=1e-6)
+
+
+# -- 1-D convolutions along one-column planes ------------------------------------------------------------------------
+
+#: (input shape, weight shape, Conv attributes, whether the layer is taken as one row)
+COLUMNS = [
+    ((1, 64, 128, 1), (96, 64, 5, 1), {}, True),  # Magika's layer, smaller
+    ((2, 16, 90, 1), (24, 16, 3, 1), {"pads": [1, 0, 1, 0]}, True),
+    ((1, 12, 75, 1), (20, 12, 3, 1), {"strides": [2, 1], "dilations": [3, 1], "pads": [2, 0, 0, 0]}, True),
+    ((1, 40, 60, 1), (8, 40, 7, 1), {"pads": [3, 0, 3, 0]}, True),
+    # padded along the columns: not a 1-D layer, kept as it is
+    ((1, 16, 40, 1), (24, 16, 3, 1), {"pads": [1, 1, 1, 1]}, False),
+]
+
+
+@needs_native
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("x_shape, w_shape, attrs, as_row", COLUMNS, ids=[f"col{i}" for i in range(len(COLUMNS))])
+def test_one_column_planes_match_onnxruntime(x_shape, w_shape, attrs, as_row, threads, monkeypatch):
+    model = _model(x_shape, w_shape, attrs, "LeakyRelu", {"alpha": 0.05})
+    feeds = {"x": np.random.default_rng(5).standard_normal(x_shape).astype(np.float32)}
+    sess = _session(model, threads)
+    shapes = []
+    real = native.conv_geometry
+
+    def seen(shape, *args):
+        shapes.append(tuple(shape))
+        return real(shape, *args)
+
+    monkeypatch.setattr(native, "conv_geometry", seen)
+    got = sess.run(None, feeds)[0]
+    n, c, h, _ = x_shape
+    assert shapes == [(n, c, 1, h) if as_row else x_shape]
+    np.testing.assert_allclose(got, _onnxruntime(model, feeds), rtol=1e-5, atol=1e-5)
