@@ -42,6 +42,17 @@ if TYPE_CHECKING:
 __all__ = ["InferenceSession", "ModelMetadata", "Subgraph"]
 
 
+def _root_id(a: np.ndarray) -> int:
+    """``id(array_root(a))`` for an ndarray: the id of the object owning its memory."""
+    while True:
+        b = a.base
+        if b is None:
+            return id(a)
+        if not isinstance(b, np.ndarray):
+            return id(b)
+        a = b
+
+
 class ModelMetadata:
     """``session.get_modelmeta()``: the model's descriptive fields."""
 
@@ -161,6 +172,8 @@ class InferenceSession:
         )
         self._outputs = [NodeArg(vi.name, self._declared_io.get(vi.name, vi.type)) for vi in og.output]
         self._output_names = [a.name for a in self._outputs]
+        # each output named once: a run's outputs are the plan's list in order, with no lookup by name
+        self._distinct_outputs = len(set(self._output_names)) == len(self._output_names)
         # the graph's input types carry the session's free-dimension overrides
         feed_types = [(a.name, graph.value_types.get(a.name, a._tp)) for a in self._inputs + self._overridable]
         self._checker = FeedChecker(feed_types, {a.name for a in self._inputs})
@@ -232,6 +245,15 @@ class InferenceSession:
     def run(self, output_names, input_feed: dict[str, Any], run_options: RunOptions | None = None) -> list:
         """Run the model; return the requested outputs (all when ``output_names`` is None)."""
         built = self._built
+        if run_options is None and self._profiler is None and not self._sparse_inputs:
+            # the common run (numpy feeds of the declared types, no options, no profiler):
+            # the feed is checked in a few comparisons and the plan runs with no context
+            feeds = self._checker.check_fast(input_feed)
+            if feeds is not None:
+                names = self._output_names if output_names is None else self._resolve_outputs(output_names)
+                with self._threads:
+                    outs = built.plan.run(feeds, None, None)
+                return self._hand_out(outs, names, feeds, built)
         if run_options is not None and run_options._adapters:
             input_feed = adapter_feeds(run_options._adapters, input_feed)
         if self._sparse_inputs:
@@ -246,26 +268,49 @@ class InferenceSession:
             outs = built.plan.run(feeds, None, ctx)
         if self._profiler:
             self._profiler.session_event("model_run", t0)
-        feed_roots = {id(array_root(a)) for v in feeds.values() for a in (v if isinstance(v, list) else [v])
-                      if isinstance(a, np.ndarray)}
-        protect = feed_roots | built.const_roots
+        return self._hand_out(outs, names, feeds, built)
+
+    def _hand_out(self, outs: list, names: list[str], feeds: dict[str, Any], built: Built) -> list:
+        """The outputs ``names`` of a run's ``outs`` (the plan's, in the model's output
+        order) as the caller's own: never a feed's, a constant's or another output's
+        memory (a sequence as a new list)."""
+        feed_roots = set()
+        for v in feeds.values():
+            if type(v) is np.ndarray:
+                feed_roots.add(_root_id(v))
+            elif isinstance(v, np.ndarray):
+                feed_roots.add(id(array_root(v)))
+            elif isinstance(v, list):
+                feed_roots.update(id(array_root(a)) for a in v if isinstance(a, np.ndarray))
+        const_roots = built.const_roots
         seen: set[int] = set()
 
         def owned(v):
-            # tensors, and the tensors of sequences, as the caller's own arrays: never
-            # a feed's, a constant's or another output's memory (a sequence, a new list)
-            if isinstance(v, np.ndarray):
-                v = caller_owned(v, protect, seen)
-                seen.add(id(array_root(v)))
+            if type(v) is np.ndarray:
+                # caller_owned, spelled out for the common output (a plain array)
+                r = _root_id(v)
+                flags = v.flags
+                if not flags.writeable or not flags.c_contiguous or r in feed_roots or r in const_roots or r in seen:
+                    v = v.copy()
+                    r = id(v)
+                seen.add(r)
                 if v.base is None:
                     # as onnxruntime's outputs do, the array views the buffer the run made (no copy)
+                    v = v.view()
+            elif isinstance(v, np.ndarray):
+                v = caller_owned(v, feed_roots, const_roots, seen)
+                seen.add(id(array_root(v)))
+                if v.base is None:
                     v = v.view()
             elif isinstance(v, list):
                 v = [owned(e) for e in v]
             return v
 
-        by_name = dict(zip(self._output_names, outs))
-        result = [owned(by_name[n]) for n in names]
+        if names is self._output_names and self._distinct_outputs:
+            result = [owned(v) for v in outs]
+        else:
+            by_name = dict(zip(self._output_names, outs))
+            result = [owned(by_name[n]) for n in names]
         if self._sparse_outputs:
             result = [to_sparse(v) if n in self._sparse_outputs else v for n, v in zip(names, result)]
         return result

@@ -97,8 +97,17 @@ def compile_plan(graph: Graph, part: Partition, node_info: Callable, *, max_byte
             fused.append({"provider": fp.name, "nodes": [n.name for n in cap.nodes]})
             continue
         ni = node_info(node, constants)
+        bodies: list[Subgraph] = []
         for k, sg in node.subgraphs.items():
             ni.attrs[k] = [subgraph(s) for s in sg] if isinstance(sg, list) else subgraph(sg)
+            bodies.extend(ni.attrs[k] if isinstance(sg, list) else [ni.attrs[k]])
+        implicit = ni.implicit_inputs
+        if bodies:
+            # the step hands the bodies only the outer values their plans read: the
+            # enclosing graphs' constants are constants of the bodies' own plans, and
+            # passing them in the outer dict on every call would only cost its building
+            read = {n for b in bodies for n in b.plan.outer_slots}
+            implicit = [n for n in implicit if n in read]
         try:
             with device_scope(p.device):
                 kernel = p.create_kernel(ni)
@@ -107,6 +116,6 @@ def compile_plan(graph: Graph, part: Partition, node_info: Callable, *, max_byte
         except Exception as e:  # noqa: BLE001
             raise Fail(f"{p.name} could not build the kernel for {ni.describe()}: {type(e).__name__}: {e}") from e
         builder.add_step(kernel.run, node.inputs, node.outputs, p.device, node.name, node.op_type, p.name,
-                         implicit=ni.implicit_inputs, domain=node.domain,
+                         implicit=implicit, domain=node.domain,
                          host_inputs=getattr(kernel, "host_inputs", frozenset()))
     return builder.build(graph.output_names())

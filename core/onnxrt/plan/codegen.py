@@ -472,7 +472,8 @@ class Plan:
         contexts = []
         if _QUIET is not None:
             src.ns.update(errvar=_QUIET[0], quiet=_QUIET[1])
-            src.emit("    errtoken = errvar.set(quiet)")
+            # a body's plan runs inside its parent's run, where the state is set already
+            src.emit("    errtoken = errvar.set(quiet) if errvar.get() is not quiet else None")
         else:
             contexts.append("errstate(all='ignore')")
         if self.scopes:
@@ -498,7 +499,8 @@ class Plan:
         _emit_handler(src, "    ")
         src.emit("    finally:")
         if _QUIET is not None:
-            src.emit("        errvar.reset(errtoken)")
+            src.emit("        if errtoken is not None:")
+            src.emit("            errvar.reset(errtoken)")
         src.emit("        if token is not None:")
         src.emit("            limit.reset(token)")
         return _finish(src, name, "plan" + (" checked" if checked else ""))

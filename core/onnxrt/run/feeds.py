@@ -105,6 +105,49 @@ class FeedChecker:
             else:
                 self._dtypes[name] = None
             self._shapes[name] = shape_of(tp) if tp is not None and tp.WhichOneof("value") == "tensor_type" else None
+        # the common feed, checked in a few comparisons: every required input and nothing
+        # else, each a plain ndarray of its dtype (fixed shapes compared as tuples); any
+        # other feed takes the full check, which also words the errors
+        self._fast: tuple | None = None
+        fast = []
+        for name in self.order:
+            if name not in required:
+                continue
+            want = self._dtypes.get(name)
+            if want is None or want.kind == "O":
+                fast = None
+                break
+            shape = self._shapes.get(name)
+            fixed = tuple(shape) if shape is not None and all(isinstance(d, int) for d in shape) else None
+            fast.append((name, want, fixed))
+        if fast is not None:
+            self._fast = (frozenset(n for n, _, _ in fast), tuple(fast))
+
+    def check_fast(self, feeds: Any) -> dict[str, Any] | None:
+        """``feeds`` itself when it is the common feed that :meth:`check` would return
+        unchanged (each required input, nothing else, each a plain ndarray of its declared
+        dtype and of its fixed declared shape); None for any other feed, which then takes
+        :meth:`check`. Inputs with symbolic or unknown dimensions are checked as there."""
+        fast = self._fast
+        if fast is None or type(feeds) is not dict or feeds.keys() != fast[0]:
+            return None
+        bound: dict[str, tuple[int, str]] | None = None
+        for name, want, fixed in fast[1]:
+            v = feeds[name]
+            if type(v) is not np.ndarray or v.dtype != want:
+                return None
+            if fixed is not None:
+                if v.shape != fixed:
+                    return None
+            else:
+                if bound is None:
+                    bound = {}
+                try:
+                    if self._check_one(name, v, bound) is not v:
+                        return None
+                except InvalidArgument:
+                    return None  # the full check raises it, naming inputs in the feed's order
+        return feeds
 
     def check(self, feeds: dict[str, Any]) -> dict[str, Any]:
         """Return the feed with values normalized (e.g. strings to object arrays)."""

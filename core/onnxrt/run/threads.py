@@ -82,12 +82,15 @@ class _Blas:
                     set_ = getattr(controller.dynlib, f"{prefix}openblas_set_num_threads{suffix}", None)
                     if get is not None and set_ is not None:
                         self._get, self._set = get, set_
+                        # the C functions themselves (ctypes returns a C int as an int):
+                        # a run reads the count through them with no method between
+                        self.get, self.set = get, set_
                         return
 
     def get(self) -> int:
         return int(self._get()) if self._get is not None else int(self.controller.get_num_threads())
 
-    def set(self, n: int) -> None:
+    def set(self, n: int) -> None:  # the C function itself where there is one (an int argument)
         if self._set is not None:
             self._set(int(n))
         else:
@@ -119,23 +122,34 @@ def limit_blas_threads(n: int | None = None) -> None:
             return
         for c in _blas_controllers():
             try:
-                c.set(n or _default_threads())
+                c.set(int(n or _default_threads()))
             except Exception:  # pragma: no cover
                 pass
         _process_limit_done = True
 
 
+def _limit_for_run() -> None:
+    """Set each BLAS library to one thread, remembering the counts to give back (under
+    ``_lock``, by the first run to start). A library already at one thread is neither
+    set nor restored: a run of a small model then makes one call per library (the read)
+    instead of three."""
+    global _saved
+    _saved = []
+    for c in _blas_controllers():
+        try:
+            n = c.get()
+            if n != 1:
+                c.set(1)
+                _saved.append((c, n))
+        except Exception:  # pragma: no cover
+            pass
+
+
 def _enter_run() -> None:
-    global _active_runs, _saved
+    global _active_runs
     with _lock:
         if _active_runs == 0:
-            _saved = []
-            for c in _blas_controllers():
-                try:
-                    _saved.append((c, c.get()))
-                    c.set(1)
-                except Exception:  # pragma: no cover
-                    pass
+            _limit_for_run()
         _active_runs += 1
 
 
@@ -237,15 +251,22 @@ class ThreadSettings:
         self.n = int(intra_op_num_threads) if intra_op_num_threads else _default_threads()
 
     def __enter__(self):
-        _enter_run()
-        stack = getattr(_local, "stack", None)
-        if stack is None:
-            stack = _local.stack = []
-        stack.append(getattr(_local, "n", 1))
-        _local.n = self.n
+        # _enter_run inlined: this runs around every run, tiny models' included
+        global _active_runs
+        with _lock:
+            if _active_runs == 0:
+                _limit_for_run()
+            _active_runs += 1
+        local = _local
+        try:
+            local.stack.append(local.n)
+        except AttributeError:
+            local.stack = [getattr(local, "n", 1)]
+        local.n = self.n
         return self
 
     def __exit__(self, *exc):
-        _local.n = _local.stack.pop()
+        local = _local
+        local.n = local.stack.pop()
         _exit_run()
         return False

@@ -9,11 +9,16 @@ from __future__ import annotations
 
 import numpy as np
 
+from onnxrt.compile.compiler import Subgraph
 from onnxrt.dtypes import np_dtype
 from onnxrt.plugin.kernel import Kernel
 from onnxrt.run.limits import check_allocation
 
 from ..registry import op
+
+
+#: the feed of a plan with no inputs (an If branch's): read, never written
+_NO_FEEDS: dict = {}
 
 
 def _output_dtype(body, i: int, fallback=np.float32):
@@ -73,19 +78,34 @@ class If(Kernel):
         # what either branch declares, each output: the branch that runs must return it
         self.want = [_declared_dtype(self.then_branch, i) or _declared_dtype(self.else_branch, i)
                      for i in range(n)]
+        self.n_out = n
+        self.checks = tuple((i, w) for i, w in enumerate(self.want) if w is not None)
+        # the branches' plans, called directly: a branch has no inputs of its own, only
+        # the outer-scope values (a Subgraph's call would build its empty feed dict first)
+        branches = (self.then_branch, self.else_branch)
+        direct = all(isinstance(b, Subgraph) and type(b).__call__ is Subgraph.__call__ and not b.input_names
+                     for b in branches)
+        self.plans = tuple(b.plan for b in branches) if direct else None
 
     def run(self, cond, outer=None, ctx=None):
-        c = np.asarray(cond)
-        if c.size != 1:
-            raise ValueError(f"If condition must hold one element, got shape {list(c.shape)}")
-        taken = bool(c.reshape(-1)[0])
-        branch = self.then_branch if taken else self.else_branch
-        outs = branch(outer=outer, ctx=ctx)
-        if len(outs) != len(self.want):
+        if type(cond) is np.ndarray and cond.size == 1:
+            taken = bool(cond.item())
+        else:
+            c = np.asarray(cond)
+            if c.size != 1:
+                raise ValueError(f"If condition must hold one element, got shape {list(c.shape)}")
+            taken = bool(c.reshape(-1)[0])
+        plans = self.plans
+        if plans is not None:
+            outs = plans[0 if taken else 1].run(_NO_FEEDS, outer, ctx)
+        else:
+            outs = (self.then_branch if taken else self.else_branch)(outer=outer, ctx=ctx)
+        if len(outs) != self.n_out:
             raise ValueError(f"{self.node.describe()}: the {'then' if taken else 'else'} branch returned "
-                             f"{len(outs)} values for {len(self.want)} outputs")
-        for i, (v, want) in enumerate(zip(outs, self.want)):
-            if want is not None and isinstance(v, np.ndarray) and v.dtype != want:
+                             f"{len(outs)} values for {self.n_out} outputs")
+        for i, want in self.checks:
+            v = outs[i]
+            if isinstance(v, np.ndarray) and v.dtype != want:
                 raise TypeError(f"{self.node.describe()}: the {'then' if taken else 'else'} branch returned "
                                 f"{v.dtype} for output {i}, which the branches declare as {want}")
         return outs
