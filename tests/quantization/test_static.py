@@ -6,6 +6,7 @@ import onnx
 import pytest
 from onnx import numpy_helper
 
+from onnxrt import GraphOptimizationLevel
 from onnxrt.errors import InvalidArgument
 from onnxrt.quantization import (CalibrationMethod, NumpyDataReader, QuantFormat, QuantType, collect_ranges,
                                  quantize_static)
@@ -92,9 +93,12 @@ def test_cnn_and_encoder_int8_track_float_as_closely_as_onnxruntimes_tool(reques
     assert cosine(ours, ref) >= 0.999
     assert cosine(ours, ref) >= cosine(theirs, ref) - 1e-3
     assert np.abs(ours - ref).max() <= 1.5 * np.abs(theirs - ref).max()
-    # onnxruntime runs our model as onnxrt does; its level-2 QDQ rewrites (QLinearSoftmax
-    # among them) round differently, so the exact check is at its basic level
-    np.testing.assert_allclose(run_onnxruntime(q, {"x": test}, basic=True)[0], ours, atol=1e-5)
+    # onnxruntime runs our model as onnxrt does. Both runtimes' level-2 QDQ rewrites
+    # (QLinearMatMul of per-column weights in both, QLinearSoftmax in onnxruntime's)
+    # accumulate in integers and round once, so a value next to a rounding boundary
+    # can take the other code: the exact check is between the unfused graphs (level 1)
+    basic = run_onnxrt(q, {"x": test}, GraphOptimizationLevel.ORT_ENABLE_BASIC)[0]
+    np.testing.assert_allclose(run_onnxruntime(q, {"x": test}, basic=True)[0], basic, atol=1e-5)
     assert cosine(run_onnxruntime(q, {"x": test})[0], ours) >= 0.999
 
 

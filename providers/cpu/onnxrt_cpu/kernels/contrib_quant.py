@@ -739,6 +739,33 @@ def _center_b_any(b, zp, prepacked):
     return v
 
 
+class _ConstB:
+    """A constant 8-bit B of MatMulIntegerToFloat or DynamicQuantizeMatMul: packed for
+    the compiled 8-bit products where this CPU has them, and centred as float32 for
+    the numpy path only where they do not take it or when a run first needs it (four
+    times the packed weight's memory, held for nothing while the compiled kernel runs)."""
+
+    @staticmethod
+    def setup_b(kernel, c: dict, b_index: int, zp_index: int | None) -> None:
+        kernel.w8 = kernel.b_packed = None
+        kernel.b_source = None
+        if b_index in c and (zp_index is None or zp_index in c):
+            kernel.b_source = (c[b_index], None if zp_index is None else c[zp_index])
+            # B packed for the compiled 8-bit products, where this CPU has them
+            kernel.w8 = native.pack_int8_weights(*kernel.b_source)
+            if kernel.w8 is None:
+                _ConstB.centred(kernel)
+
+    @staticmethod
+    def centred(kernel):
+        """``(B - zero point as float32, its absmax, its column_l1)`` of the constant B,
+        made once; None where B is not constant."""
+        if kernel.b_packed is None and kernel.b_source is not None:
+            bp = _center_b_any(*kernel.b_source, None)
+            kernel.b_packed = (bp, absmax(bp), column_l1(bp))
+        return kernel.b_packed
+
+
 @op("MatMulIntegerToFloat", since=1, domain=MS)
 class MatMulIntegerToFloat(Kernel):
     """``(A - a_zp) @ (B - b_zp) * a_scale * b_scale + bias`` in float32; ``b_scale``
@@ -747,15 +774,8 @@ class MatMulIntegerToFloat(Kernel):
     def setup(self):
         c = self.node.constants
         ins = self.node.inputs
-        self.b_packed = None
         has_zp = len(ins) > 5 and ins[5]
-        self.w8 = None
-        if 1 in c and (not has_zp or 5 in c):
-            self.b_packed = _center_b_any(c[1], c.get(5) if has_zp else None, None)
-            self.b_max = absmax(self.b_packed)
-            self.b_l1 = column_l1(self.b_packed)
-            # B packed for the compiled 8-bit products, where this CPU has them
-            self.w8 = native.pack_int8_weights(c[1], c.get(5) if has_zp else None)
+        _ConstB.setup_b(self, c, 1, 5 if has_zp else None)
 
     def run(
         self, a, b, a_scale, b_scale, a_zero_point=None, b_zero_point=None, bias=None
@@ -768,13 +788,14 @@ class MatMulIntegerToFloat(Kernel):
             if y is not None:
                 return (y,)
         A = _center(a, np.asarray(_zp(a_zero_point, a.dtype)), False, _F32)
-        B = _center_b_any(b, b_zero_point, self.b_packed)
+        packed = _ConstB.centred(self)
+        B = _center_b_any(b, b_zero_point, None if packed is None else packed[0])
         y = int_matmul_f32(
             A,
             B,
             centred_bound(a.dtype, a_zero_point),
-            self.b_max if self.b_packed is not None else centred_bound(b.dtype, b_zero_point),
-            self.b_l1 if self.b_packed is not None else None,
+            packed[1] if packed is not None else centred_bound(b.dtype, b_zero_point),
+            packed[2] if packed is not None else None,
         )
         # scaled in float32, as onnxruntime does
         y *= _scalar(a_scale, "a_scale") * _b_scale(b, b_scale)
@@ -801,15 +822,8 @@ class DynamicQuantizeMatMul(Kernel):
     def setup(self):
         c = self.node.constants
         ins = self.node.inputs
-        self.b_packed = None
         has_zp = len(ins) > 3 and ins[3]
-        self.w8 = None
-        if 1 in c and (not has_zp or 3 in c):
-            self.b_packed = _center_b_any(c[1], c.get(3) if has_zp else None, None)
-            self.b_max = absmax(self.b_packed)
-            self.b_l1 = column_l1(self.b_packed)
-            # B packed for the compiled 8-bit products, where this CPU has them
-            self.w8 = native.pack_int8_weights(c[1], c.get(3) if has_zp else None)
+        _ConstB.setup_b(self, c, 1, 3 if has_zp else None)
         # a constant B scale converted once (the same array comes back every run)
         self.b_scale = None
         if 1 in c and 2 in c:
@@ -829,9 +843,10 @@ class DynamicQuantizeMatMul(Kernel):
             if y is not None:
                 return (y,)
         A, sa, za = _dynamic_centred(a)
-        B = _center_b_any(b, b_zero_point, self.b_packed)
-        bmax = self.b_max if self.b_packed is not None else centred_bound(b.dtype, b_zero_point)
-        bl1 = self.b_l1 if self.b_packed is not None else None
+        packed = _ConstB.centred(self)
+        B = _center_b_any(b, b_zero_point, None if packed is None else packed[0])
+        bmax = packed[1] if packed is not None else centred_bound(b.dtype, b_zero_point)
+        bl1 = packed[2] if packed is not None else None
         y = int_matmul_f32(A, B, float(max(za, 255 - za)), bmax, bl1)
         scale = sa * (cached[1] if cached is not None and cached[0] is b_scale else _b_scale(b, b_scale))
         if row_op(np.multiply, y, scale) is None:  # a scalar scale, or one per batch item

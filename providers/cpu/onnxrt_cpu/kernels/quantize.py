@@ -24,7 +24,7 @@ from onnxrt.dtypes import np_dtype
 from onnxrt.plugin.kernel import Kernel
 
 from .. import native
-from ..parallel import matmul_nd
+from ..parallel import current_thread_count, matmul_nd
 from ..registry import op
 from .cast import SATURATING_F8, cast_array
 from ..select import clip
@@ -106,6 +106,68 @@ def _axis_for(x: np.ndarray, axis: int) -> int:
     return 0 if x.ndim == 1 and axis in (1, -1) else axis
 
 
+#: elements a thread takes at least in the compiled QuantizeLinear/DequantizeLinear
+_Q8_THREAD_ELEMS = 1 << 16
+_BYTE_DTYPES = (np.dtype(np.uint8), np.dtype(np.int8))
+
+
+def _q8_params(shape: tuple, scale: np.ndarray, zero_point, int_dtype: np.dtype, axis: int):
+    """``(scale, zero point, inner)`` as the compiled 8-bit QuantizeLinear and
+    DequantizeLinear take them (float32 scales and zero points of ``int_dtype``, one
+    value or one along ``axis``, with ``inner`` elements after it), or None where they
+    are not such (the numpy path handles them and reports what is wrong)."""
+    if type(scale) is not np.ndarray or scale.dtype != _F32:
+        return None
+    if zero_point is not None and (type(zero_point) is not np.ndarray or zero_point.dtype != int_dtype
+                                   or zero_point.size != scale.size):
+        return None
+    if scale.size == 1:
+        return scale.reshape(1), None if zero_point is None else zero_point.reshape(1), 1
+    rank = len(shape)
+    if scale.ndim != 1 or not rank or not -rank <= axis < rank or shape[axis] != scale.size \
+            or (zero_point is not None and zero_point.ndim != 1):
+        return None
+    inner = 1
+    for d in shape[axis % rank + 1:]:
+        inner *= d
+    return scale, zero_point, inner
+
+
+def _q8_threads(n: int) -> int:
+    return min(current_thread_count(), 1 + n // _Q8_THREAD_ELEMS)
+
+
+def quantize8(x: np.ndarray, scale: np.ndarray, zero_point, out_dtype: np.dtype, axis: int = 1):
+    """QuantizeLinear of float32 ``x`` to uint8 or int8 by the compiled kernel (per
+    tensor or per axis, no blocks), what :func:`quantize` computes; None where it does
+    not take the arguments."""
+    k = native.kernels()
+    if k is None or type(x) is not np.ndarray or x.dtype != _F32 or out_dtype not in _BYTE_DTYPES:
+        return None
+    p = _q8_params(x.shape, scale, zero_point, out_dtype, _axis_for(x, axis))
+    if p is None:
+        return None
+    xc = np.ascontiguousarray(x)
+    y = np.empty(x.shape, out_dtype)
+    k.quantize8(xc, p[0], p[1], y, p[2], _q8_threads(x.size))
+    return y
+
+
+def dequantize8(x: np.ndarray, scale: np.ndarray, zero_point, axis: int = 1):
+    """DequantizeLinear of uint8 or int8 ``x`` to float32 by the compiled kernel (per
+    tensor or per axis, no blocks), what :func:`dequantize` computes; None where it
+    does not take the arguments."""
+    k = native.kernels()
+    if k is None or type(x) is not np.ndarray or x.dtype not in _BYTE_DTYPES:
+        return None
+    p = _q8_params(x.shape, scale, zero_point, x.dtype, _axis_for(x, axis))
+    if p is None:
+        return None
+    y = np.empty(x.shape, _F32)
+    k.dequantize8(np.ascontiguousarray(x), p[0], p[1], y, p[2], _q8_threads(x.size))
+    return y
+
+
 def quantize(x, scale, zero_point, out_dtype, *, axis=1, block_size=0, saturate=True, precision=None):
     """``saturate(round_half_even(x / scale) + zero_point)`` in ``out_dtype``."""
     out_dtype = np.dtype(out_dtype)
@@ -181,6 +243,10 @@ class QuantizeLinear(Kernel):
             out = np.dtype(np.uint8)
         if out not in _QUANT_TYPES:
             raise ValueError(f"QuantizeLinear: {out} is not a quantized type")
+        if not self.block_size and self.precision is None:
+            y = quantize8(x, y_scale, y_zero_point, out, self.axis)
+            if y is not None:
+                return (y,)
         y = quantize(
             x,
             y_scale,
@@ -236,6 +302,10 @@ class DequantizeLinear(Kernel):
             out = x_scale.dtype if x_scale.dtype.kind == "f" or x_scale.dtype == ml_dtypes.bfloat16 else _F32
         if x.dtype == np.int32 and x_zero_point is not None and np.any(x_zero_point):
             raise ValueError("DequantizeLinear: int32 input takes no (or a zero) zero point")
+        if out == _F32 and not self.block_size:
+            y = dequantize8(x, x_scale, x_zero_point, self.axis)
+            if y is not None:
+                return (y,)
         return (dequantize(x, x_scale, x_zero_point, out, axis=self.axis, block_size=self.block_size),)
 
 
@@ -461,11 +531,22 @@ class MatMulInteger(Kernel):
     def setup(self):
         c = self.node.constants
         self.b_packed = self.w8 = None
-        if 1 in c and (len(self.node.inputs) < 4 or not self.node.inputs[3] or 3 in c):
+        self.b_const = 1 in c and (len(self.node.inputs) < 4 or not self.node.inputs[3] or 3 in c)
+        if self.b_const:
+            # B packed for the compiled 8-bit products, where this CPU has them; the
+            # float32 centred B of the numpy path only where they do not take it, or
+            # when a run first needs it
+            self.w8 = native.pack_int8_weights(c[1], c.get(3))
+            if self.w8 is None:
+                self._centre_const_b()
+
+    def _centre_const_b(self):
+        """``(B centred as float32, its absmax, its column_l1)`` of the constant B, made once."""
+        if self.b_packed is None:
+            c = self.node.constants
             bp = _center(c[1], c.get(3), False, _F32)
             self.b_packed = (bp, absmax(bp), column_l1(bp))
-            # B packed for the compiled 8-bit products, where this CPU has them
-            self.w8 = native.pack_int8_weights(c[1], c.get(3))
+        return self.b_packed
 
     def run(self, a, b, a_zero_point=None, b_zero_point=None):
         _check_matmul(a, b, "MatMulInteger")
@@ -475,8 +556,8 @@ class MatMulInteger(Kernel):
             if y is not None:
                 return (y,)
         A = _center(a, a_zero_point, True, _F32)
-        if self.b_packed is not None:
-            B, bmax, bl1 = self.b_packed
+        if self.b_const:
+            B, bmax, bl1 = self._centre_const_b()
         else:
             B = _center(b, b_zero_point, False, _F32)
             bmax = bl1 = None
@@ -510,15 +591,27 @@ class QLinearMatMul(Kernel):
         c = self.node.constants
         self.b_packed = None
         self.b_l1 = None
-        if 3 in c and 5 in c:
-            self.b_packed = self._centre_b(c[3], c[5])
-            self.b_l1 = column_l1(self.b_packed)
         # B packed for the compiled 8-bit products, where this CPU has them
         self.b_const = c.get(3)
         self.w8 = None
         if 3 in c and 5 in c:
             zp = np.asarray(c[5])  # (pack_int8_weights refuses a B or zero point it cannot take)
             self.w8 = native.pack_int8_weights(c[3], zp.reshape(-1) if zp.size > 1 else zp)
+            if self.w8 is None:
+                self._centre_const_b()
+        # else the float32 centred B (four times the packed weight's memory) is made
+        # only if a run needs the numpy path
+
+    def _centre_const_b(self) -> bool:
+        """The constant B centred as float32 for the numpy path, made once; whether B
+        is constant."""
+        if self.b_packed is None:
+            c = self.node.constants
+            if 3 not in c or 5 not in c:
+                return False
+            self.b_packed = self._centre_b(c[3], c[5])
+            self.b_l1 = column_l1(self.b_packed)
+        return True
 
     def _compiled(self, a, a_zero_point, b, mult, out, y_zero_point):
         """The product and its requantization by the compiled 8-bit kernel: 8-bit A with
@@ -562,8 +655,9 @@ class QLinearMatMul(Kernel):
         else:
             zp = None if a_zero_point is None else _row_param(a_zero_point.astype(_F32), a)
             A = _center(a.astype(_F32), zp, False)
-        B = self.b_packed if self.b_packed is not None else self._centre_b(b, b_zero_point)
-        bl1 = self.b_l1 if self.b_packed is not None else None
+        const = self._centre_const_b()
+        B = self.b_packed if const else self._centre_b(b, b_zero_point)
+        bl1 = self.b_l1 if const else None
         exact = a.dtype.kind in "iu" and b.dtype.kind in "iu"
         bounds = centred_bound(a.dtype, a_zero_point), centred_bound(b.dtype, b_zero_point)
         if exact and out in _BYTE_RANGES and mult.dtype == _F32 and None not in bounds:

@@ -469,9 +469,189 @@ static PyObject *float_range(PyObject *self, PyObject *arg)
     return Py_BuildValue("(dd)", (double)lo, (double)hi);
 }
 
+/* ---- QuantizeLinear and DequantizeLinear of 8-bit integers --------------------------
+ * Per tensor or per axis (block_size 0). The element i's scale and zero point are those
+ * of index (i / inner) % count: count 1 per tensor, else the axis' length, with inner
+ * the elements after the axis. The work is cut into runs of Q8_CHUNK elements. */
+
+#define Q8_CHUNK 16384
+
+typedef struct {
+    const void *x;
+    void *out;
+    const float *scale;
+    const void *zp; /* NULL: zero */
+    Py_ssize_t n, inner, count;
+    int is_signed;
+} q8_job;
+
+/* saturate(rint(x / scale) + zp): the quotient in float32 and rounded half to even, as
+ * the numpy path computes it; a NaN gives the code 0, as numpy's conversion of NaN to
+ * an 8-bit type does on x86-64. */
+NATIVE_CLONES static void q8_run(const float *restrict x, Py_ssize_t n, float s, float zp, int is_signed,
+                                 void *restrict dst)
+{
+    const float lo = is_signed ? -128.0f : 0.0f, hi = is_signed ? 127.0f : 255.0f;
+    if (is_signed) {
+        int8_t *restrict d = dst;
+        for (Py_ssize_t i = 0; i < n; i++) {
+            float v = rintf(x[i] / s) + zp;
+            v = v < lo ? lo : v;
+            v = v > hi ? hi : v;
+            d[i] = (int8_t)(int32_t)(v == v ? v : 0.0f);
+        }
+    } else {
+        uint8_t *restrict d = dst;
+        for (Py_ssize_t i = 0; i < n; i++) {
+            float v = rintf(x[i] / s) + zp;
+            v = v < lo ? lo : v;
+            v = v > hi ? hi : v;
+            d[i] = (uint8_t)(int32_t)(v == v ? v : 0.0f);
+        }
+    }
+}
+
+/* (x - zp) * scale in float32: the difference is exact, the product rounded once. */
+NATIVE_CLONES static void dq8_run(const void *restrict src, Py_ssize_t n, float s, float zp, int is_signed,
+                                  float *restrict d)
+{
+    if (is_signed) {
+        const int8_t *restrict x = src;
+        for (Py_ssize_t i = 0; i < n; i++)
+            d[i] = ((float)x[i] - zp) * s;
+    } else {
+        const uint8_t *restrict x = src;
+        for (Py_ssize_t i = 0; i < n; i++)
+            d[i] = ((float)x[i] - zp) * s;
+    }
+}
+
+static float q8_zero(const q8_job *j, Py_ssize_t a)
+{
+    if (!j->zp)
+        return 0.0f;
+    return j->is_signed ? (float)((const int8_t *)j->zp)[a] : (float)((const uint8_t *)j->zp)[a];
+}
+
+static void q8_task(void *arg, Py_ssize_t t, int dequant)
+{
+    const q8_job *j = arg;
+    Py_ssize_t i = t * Q8_CHUNK, e = i + Q8_CHUNK < j->n ? i + Q8_CHUNK : j->n;
+    while (i < e) {
+        Py_ssize_t row = j->count == 1 ? 0 : i / j->inner, a = j->count == 1 ? 0 : row % j->count;
+        Py_ssize_t end = j->count == 1 ? e : ((row + 1) * j->inner < e ? (row + 1) * j->inner : e);
+        if (dequant)
+            dq8_run((const uint8_t *)j->x + i, end - i, j->scale[a], q8_zero(j, a), j->is_signed,
+                    (float *)j->out + i);
+        else
+            q8_run((const float *)j->x + i, end - i, j->scale[a], q8_zero(j, a), j->is_signed,
+                   (uint8_t *)j->out + i);
+        i = end;
+    }
+}
+
+static void q8_quant_task(void *arg, Py_ssize_t t)
+{
+    q8_task(arg, t, 0);
+}
+
+static void q8_dequant_task(void *arg, Py_ssize_t t)
+{
+    q8_task(arg, t, 1);
+}
+
+/* Both directions: ``dequant`` 0 quantizes float32 x into 8-bit out, 1 the reverse. */
+static PyObject *q8_common(PyObject *args, int dequant, const char *who)
+{
+    PyObject *xo, *so, *zo, *oo;
+    Py_ssize_t inner;
+    int threads;
+    if (!PyArg_ParseTuple(args, "OOOOni", &xo, &so, &zo, &oo, &inner, &threads))
+        return NULL;
+    char what[64];
+    nbuf x, s, z, o;
+    x.held = s.held = z.held = o.held = 0;
+    PyObject *result = NULL;
+    int is_signed = 0;
+    q8_job j;
+    memset(&j, 0, sizeof(j));
+    snprintf(what, sizeof what, "%s: %s", who, dequant ? "x" : "out");
+    if (nb_int8_kind(dequant ? xo : oo, &is_signed, what) < 0)
+        goto done;
+    const char ik = is_signed ? 'i' : 'u';
+    snprintf(what, sizeof what, "%s: x", who);
+    if (nb_get(xo, &x, dequant ? ik : 'f', dequant ? 1 : 4, 0, 0, 0, what) < 0)
+        goto done;
+    j.n = x.view.len / x.view.itemsize;
+    snprintf(what, sizeof what, "%s: out", who);
+    if (nb_get(oo, &o, dequant ? 'f' : ik, dequant ? 4 : 1, j.n, 1, 0, what) < 0)
+        goto done;
+    snprintf(what, sizeof what, "%s: scale", who);
+    if (nb_get(so, &s, 'f', 4, 1, 0, 0, what) < 0)
+        goto done;
+    j.count = s.view.len / 4;
+    snprintf(what, sizeof what, "%s: zero_point", who);
+    if (nb_get(zo, &z, ik, 1, j.count, 0, 1, what) < 0)
+        goto done;
+    if (z.held && z.view.len != j.count) {
+        PyErr_Format(PyExc_ValueError, "%s: zero_point holds %zd values, scale %zd", who, z.view.len, j.count);
+        goto done;
+    }
+    if (j.count > 1 && (inner < 1 || j.n % (inner * j.count))) {
+        PyErr_Format(PyExc_ValueError, "%s: %zd elements are not whole runs of %zd scales of %zd elements", who, j.n,
+                     j.count, inner);
+        goto done;
+    }
+    j.x = x.view.buf;
+    j.out = o.view.buf;
+    j.scale = s.view.buf;
+    j.zp = z.held ? z.view.buf : NULL;
+    j.inner = inner;
+    j.is_signed = is_signed;
+    if (j.n) {
+        Py_BEGIN_ALLOW_THREADS
+        pool_run(dequant ? q8_dequant_task : q8_quant_task, &j, (j.n + Q8_CHUNK - 1) / Q8_CHUNK,
+                 threads < 1 ? 1 : threads);
+        Py_END_ALLOW_THREADS
+    }
+    result = Py_None;
+    Py_INCREF(result);
+done:
+    nb_release(&x);
+    nb_release(&s);
+    nb_release(&z);
+    nb_release(&o);
+    return result;
+}
+
+PyDoc_STRVAR(quantize8_doc,
+"quantize8(x, scale, zero_point, out, inner, threads)\n\n"
+"QuantizeLinear of float32 x into uint8 or int8 out (of x's size):\n"
+"saturate(rint(x / scale) + zero_point), the quotient in float32, rounded half to\n"
+"even; NaN gives 0. scale is float32 [count] and zero_point None or out's type\n"
+"[count]: element i takes index (i // inner) % count (count 1: per tensor). Runs on\n"
+"up to threads threads, without the GIL.");
+
+static PyObject *quantize8(PyObject *self, PyObject *args)
+{
+    return q8_common(args, 0, "quantize8");
+}
+
+PyDoc_STRVAR(dequantize8_doc,
+"dequantize8(x, scale, zero_point, out, inner, threads)\n\n"
+"DequantizeLinear of uint8 or int8 x into float32 out: (x - zero_point) * scale in\n"
+"float32. scale, zero_point (None or x's type), inner and threads as quantize8.");
+
+static PyObject *dequantize8(PyObject *self, PyObject *args)
+{
+    return q8_common(args, 1, "dequantize8");
+}
+
 PyMethodDef igemm_methods[] = {
     {"igemm_ready", igemm_ready, METH_NOARGS, igemm_ready_doc},
     {"igemm", igemm, METH_VARARGS, igemm_doc},
     {"float_range", float_range, METH_O, float_range_doc},
+    {"quantize8", quantize8, METH_VARARGS, quantize8_doc},
+    {"dequantize8", dequantize8, METH_VARARGS, dequantize8_doc},
     {NULL, NULL, 0, NULL},
 };

@@ -1,0 +1,114 @@
+"""The compiled 8-bit QuantizeLinear and DequantizeLinear (``quantize8``/``dequantize8``
+in igemm.c): the same codes and values as the numpy path and as onnx's reference
+implementation, per tensor and per axis, with NaN, infinities and saturation."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+from onnx.reference import ReferenceEvaluator
+
+import onnxrt as ort
+from onnxrt_cpu import native
+from onnxrt_cpu.kernels import quantize as q
+
+pytestmark = pytest.mark.skipif(native.kernels() is None or not hasattr(native.kernels(), "quantize8"),
+                                reason="the compiled kernels are not built")
+
+BYTES = [np.uint8, np.int8]
+
+
+def _data(shape, seed=0, special=True):
+    x = np.asarray(np.random.default_rng(seed).standard_normal(shape) * 3, np.float32)
+    flat = x.reshape(-1)
+    if special and flat.size > 8:
+        flat[:6] = [np.inf, -np.inf, 1e30, -1e30, 0.5 * 0.02, -1.5 * 0.02]  # saturation and ties
+    return x
+
+
+def _params(dt, count, seed=1):
+    rng = np.random.default_rng(seed)
+    lo, hi = np.iinfo(dt).min, np.iinfo(dt).max
+    scale = rng.uniform(0.005, 0.05, count).astype(np.float32)
+    zp = rng.integers(lo // 4, hi // 4, count).astype(dt)
+    return scale, zp
+
+
+@pytest.mark.parametrize("dt", BYTES)
+@pytest.mark.parametrize("shape,axis", [((70001,), 0), ((3, 400, 384), 1), ((3, 400, 384), -1), ((6, 50, 7), 0),
+                                        ((5, 33), 1), ((), 1)])
+@pytest.mark.parametrize("per_axis", [False, True])
+def test_quantize_and_dequantize_match_the_numpy_path(dt, shape, axis, per_axis):
+    if per_axis and not shape:
+        pytest.skip("a scalar has no axis")
+    x = _data(shape)
+    count = shape[axis] if per_axis else 1
+    scale, zp = _params(dt, count)
+    if not per_axis:
+        scale, zp = scale.reshape(()), zp.reshape(())
+    got = q.quantize8(x, scale, zp, np.dtype(dt), axis)
+    assert got is not None and got.dtype == dt and got.shape == x.shape
+    with np.errstate(all="ignore"):
+        want = q.quantize(x, scale, zp, dt, axis=axis)
+    np.testing.assert_array_equal(got, want)
+    back = q.dequantize8(got, scale, zp, axis)
+    assert back is not None and back.dtype == np.float32
+    np.testing.assert_array_equal(back, q.dequantize(got, scale, zp, np.dtype(np.float32), axis=axis))
+    # without a zero point
+    np.testing.assert_array_equal(q.quantize8(x, scale, None, np.dtype(dt), axis),
+                                  q.quantize(x, scale, None, dt, axis=axis))
+    np.testing.assert_array_equal(q.dequantize8(got, scale, None, axis),
+                                  q.dequantize(got, scale, None, np.dtype(np.float32), axis=axis))
+
+
+@pytest.mark.parametrize("dt", BYTES)
+def test_nan_quantizes_to_zero(dt):
+    x = np.array([np.nan, 1.0, -np.nan], np.float32)
+    got = q.quantize8(x, np.array(0.1, np.float32), np.array(7, dt), np.dtype(dt))
+    np.testing.assert_array_equal(got, np.array([0, 17, 0], dt))
+
+
+def test_arguments_the_compiled_path_does_not_take():
+    x = _data((4, 5))
+    s = np.float32(0.1)
+    assert q.quantize8(x.astype(np.float64), np.array(s), None, np.dtype(np.uint8)) is None
+    assert q.quantize8(x, np.array(s, np.float64), None, np.dtype(np.uint8)) is None
+    assert q.quantize8(x, np.array(s), None, np.dtype(np.int16)) is None
+    assert q.quantize8(x, np.array(s), np.array(1, np.int8), np.dtype(np.uint8)) is None  # zp of another type
+    assert q.quantize8(x, np.full(4, s), None, np.dtype(np.uint8), 1) is None  # 4 scales for an axis of 5
+    assert q.quantize8(x, np.full((4, 5), s), None, np.dtype(np.uint8)) is None  # blocked
+    assert q.dequantize8(x, np.array(s), None) is None
+    k = native.kernels()
+    with pytest.raises(ValueError, match="whole runs"):
+        k.quantize8(x, np.full(3, s), None, np.empty((4, 5), np.uint8), 5, 1)
+    with pytest.raises(TypeError, match="out"):
+        k.quantize8(x, np.array([s]), None, np.empty((4, 5), np.int16), 1, 1)
+
+
+def _qdq_model(dt, shape, axis, count):
+    elem = TensorProto.UINT8 if dt == np.uint8 else TensorProto.INT8
+    scale, zp = _params(dt, count)
+    inits = [numpy_helper.from_array(scale if count > 1 else scale.reshape(()), "s"),
+             numpy_helper.from_array(zp if count > 1 else zp.reshape(()), "z")]
+    nodes = [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["q"], axis=axis),
+             helper.make_node("DequantizeLinear", ["q", "s", "z"], ["y"], axis=axis)]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+                              [helper.make_tensor_value_info("q", elem, shape),
+                               helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)], ir_version=9)
+
+
+@pytest.mark.parametrize("dt", BYTES)
+@pytest.mark.parametrize("axis,count", [(1, 1), (1, 384), (0, 2)])
+def test_session_matches_the_onnx_reference(dt, axis, count):
+    m = _qdq_model(dt, [2, 384, 300] if axis == 0 else [2, 300, 384] if count == 1 else [2, 384, 300], axis, count)
+    onnx.checker.check_model(m)
+    x = _data([d.dim_value for d in m.graph.input[0].type.tensor_type.shape.dim], special=False)
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    got = ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    want = ReferenceEvaluator(m).run(None, {"x": x})
+    np.testing.assert_array_equal(got[0], want[0])
+    np.testing.assert_array_equal(got[1], want[1])
