@@ -141,15 +141,23 @@ class Node:
                 seen[n] = None
         return list(seen)
 
-    def to_proto(self) -> onnx.NodeProto:
-        """Serialize back to a ``NodeProto``."""
+    def to_proto(self, hollow_above: int | None = None) -> onnx.NodeProto:
+        """Serialize back to a ``NodeProto``.
+
+        :param hollow_above: write the large tensors (a ``Constant``'s ``value``, its
+            subgraphs' initializers) of more elements than this, except integer ones,
+            with their name, type and shape but no data: for shape inference, which
+            reads nothing else of them (:func:`~onnxrt.ir.proto_edits.hollow`).
+        """
         attrs = list(self.attrs.values())
+        if hollow_above is not None and self.op_type == "Constant" and "value" in self.attrs:
+            attrs = [_hollow_attribute(a, hollow_above) if k == "value" else a for k, a in self.attrs.items()]
         for k, g in self.subgraphs.items():
             if isinstance(g, list):
-                attrs.append(helper.make_attribute(k, [x.to_proto() for x in g]))
+                attrs.append(helper.make_attribute(k, [x.to_proto(hollow_above) for x in g]))
             else:
                 a = AttributeProto(name=k, type=AttributeProto.GRAPH)
-                a.g.CopyFrom(g.to_proto())
+                a.g.CopyFrom(g.to_proto(hollow_above))
                 attrs.append(a)
         n = onnx.NodeProto(op_type=self.op_type, domain=self.domain, name=self.name)
         n.input.extend(self.inputs)
@@ -393,14 +401,22 @@ class Graph:
                 yield from sg.walk()
 
     # -- serialization --------------------------------------------------------------
-    def to_proto(self) -> GraphProto:
-        """Serialize back to a ``GraphProto`` (value_info keeps the known types)."""
+    def to_proto(self, hollow_above: int | None = None) -> GraphProto:
+        """Serialize back to a ``GraphProto`` (value_info keeps the known types).
+
+        :param hollow_above: as :meth:`Node.to_proto`'s, for the initializers too.
+        """
         gp = GraphProto(name=self.name, doc_string=self.doc_string)
-        gp.node.extend(n.to_proto() for n in self.nodes)
+        gp.node.extend(n.to_proto(hollow_above) for n in self.nodes)
         gp.input.extend(self.inputs)
         gp.output.extend(self.outputs)
         for name, arr in self.initializers.items():
-            gp.initializer.append(numpy_helper.from_array(np.asarray(arr), name))
+            arr = np.asarray(arr)
+            if hollow_above is not None and arr.size > hollow_above and arr.dtype not in (np.int32, np.int64):
+                gp.initializer.append(TensorProto(name=name, dims=arr.shape,
+                                                  data_type=helper.np_dtype_to_tensor_dtype(arr.dtype)))
+            else:
+                gp.initializer.append(numpy_helper.from_array(arr, name))
         io = {vi.name for vi in itertools.chain(self.inputs, self.outputs)}
         live = set()
         for n in self.nodes:
@@ -412,6 +428,16 @@ class Graph:
                 vi.type.CopyFrom(tp)
                 gp.value_info.append(vi)
         return gp
+
+
+def _hollow_attribute(a: AttributeProto, limit: int) -> AttributeProto:
+    """A ``Constant``'s tensor attribute ``a`` without its data if it is large (see
+    :meth:`Node.to_proto`); ``a`` itself otherwise."""
+    t = a.t
+    if (a.type != AttributeProto.TENSOR or t.data_type in (TensorProto.INT32, TensorProto.INT64)
+            or math.prod(t.dims) <= limit):
+        return a
+    return helper.make_attribute(a.name, TensorProto(name=t.name, dims=t.dims, data_type=t.data_type))
 
 
 _KNOWN_ELEM_TYPES = frozenset(TensorProto.DataType.values())

@@ -9,21 +9,30 @@ import onnx
 from onnx import ModelProto
 
 from .graph import Graph
+from .proto_edits import hollow, refill
 
 __all__ = ["typed_structure", "apply_free_dims"]
 
 logger = logging.getLogger("onnxrt")
 
 
+#: tensors above this many elements go to shape inference without their data
+HOLLOW_LIMIT = 1024
+
+
 def typed_structure(proto: ModelProto, weights: dict[str, np.ndarray]) -> ModelProto:
     """The model's structure with inferred types; large ``weights`` enter as typed inputs.
 
-    Shape inference copies the model it is given; given only the structure (large
-    weights declared as inputs of their type and shape) it costs no weight copy,
-    and the values it propagates (shapes, small integer tensors) all stay.
+    Shape inference copies the model it is given several times over; given only the
+    structure (large weights declared as inputs of their type and shape, the large
+    tensors left in the model, in subgraphs and ``Constant`` nodes, emptied of their
+    data: :func:`~onnxrt.ir.proto_edits.hollow`) it costs no weight copy, and the
+    values it propagates (shapes, small integer tensors) all stay. The tensors get
+    their data back in the typed model it returns.
     """
     light = ModelProto()
     light.CopyFrom(proto)
+    hollowed = hollow(light.graph, HOLLOW_LIMIT) > 0
     declared = {vi.name for vi in light.graph.input}
     light.graph.input.extend(
         onnx.helper.make_tensor_value_info(name, onnx.helper.np_dtype_to_tensor_dtype(a.dtype), a.shape)
@@ -44,9 +53,13 @@ def typed_structure(proto: ModelProto, weights: dict[str, np.ndarray]) -> ModelP
             merged = [computed.pop(vi.name, vi) for vi in typed.graph.value_info] + list(computed.values())
             del typed.graph.value_info[:]
             typed.graph.value_info.extend(merged)
+        if hollowed and not refill(typed.graph, proto.graph, HOLLOW_LIMIT):
+            raise ValueError("shape inference moved the model's tensors")
         return typed
     except Exception as e:  # noqa: BLE001 - types help, but are optional
         logger.info("shape inference failed (%s); continuing without inferred types", e)
+        if hollowed:
+            refill(light.graph, proto.graph, HOLLOW_LIMIT)
         return light
 
 

@@ -149,7 +149,10 @@ def refresh_shapes(graph) -> bool:
     from ..run.feeds import shape_of
 
     gp = onnx.GraphProto(name=graph.name)
-    gp.node.extend(n.to_proto() for n in graph.nodes)
+    # the Constant nodes' and subgraphs' large tensors travel without their data, as
+    # the large initializers do: inference copies the model several times over and
+    # reads only their types
+    gp.node.extend(n.to_proto(hollow_above=_INFER_CONST_LIMIT) for n in graph.nodes)
     gp.input.extend(graph.inputs)
     gp.output.extend(graph.outputs)
     listed = set(graph.input_names())
