@@ -692,12 +692,17 @@ def _gid(g):
 
 def _expected_kernel(x_shape, w_shape, attrs) -> str:
     """The compiled function a float32 convolution of these shapes goes to (the rules
-    of onnxrt_cpu.conv: depthwise, Winograd, direct, im2col)."""
+    of onnxrt_cpu.conv: depthwise, narrow, Winograd, direct, im2col)."""
     group, kernel = attrs.get("group", 1), tuple(w_shape[2:])
     m, c = w_shape[:2]
     if group == x_shape[1] and c == 1:
         return "depthwise2d"
     pads = attrs.get("pads", (0,) * 4)
+    taps = int(np.prod(kernel))
+    if group == 1 and c * taps <= 32 and not _takes_direct(x_shape, w_shape, attrs) \
+            and x_shape[0] * _out_positions(x_shape, w_shape, attrs) >= 64 \
+            and not (taps == 1 and "strides" not in attrs and not any(pads)):
+        return "narrow_conv2d"
     if kernel == (3, 3) and group == 1 and "strides" not in attrs and "dilations" not in attrs \
             and m * c >= 64 * 64 and min(x_shape[2] + pads[0] + pads[2], x_shape[3] + pads[1] + pads[3]) - 2 >= 12:
         return "winograd3x3"

@@ -17,6 +17,7 @@ from .bands import conv_bands, conv_grouped
 from .channels_last import conv_rows
 from .compiled import conv_native, depthwise_native
 from .depthwise import depthwise
+from .narrow import conv_narrow
 from .packing import ConvWeights
 from .phases import conv_phases
 from ..rows import broadcast_buffer
@@ -92,6 +93,8 @@ def convolve(x, wp: ConvWeights, strides, dilations, pb, pe, out_sp, bias=None, 
         if activation is not None:
             activation(y)
         return y
+    if conv_narrow(x, wp, strides, dilations, pb, pe, out_sp, y, pad_value, bias, residual, activation):
+        return y  # a short reduction (first layers): the direct kernel of conv/narrow.py, its epilogue included
     if conv_native(x, wp, strides, dilations, pb, pe, out_sp, y, pad_value, bias, residual, fused):
         if activation is not None and fused is None:
             activation(y)
