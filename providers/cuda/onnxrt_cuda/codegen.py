@@ -17,7 +17,6 @@ iteration space) and is what the tests compare the generated code against.
 
 from __future__ import annotations
 
-import hashlib
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -385,6 +384,8 @@ class EwProgram:
             out_params.append(f"{CTYPES[dt][0]} y{k}")
             lines.append(f"y{k} = ({CTYPES[dt][1]})({var[n]});")
         body = "\n".join(lines)
+        import hashlib  # here: loading the plugin (every session does) should not load OpenSSL, 3 MiB
+
         digest = hashlib.sha1(("|".join(in_params + out_params) + body).encode()).hexdigest()[:12]
         name = "onnxrt_ew_" + "_".join(n.op_type.lower() for n in self.chain[:4]) + "_" + digest
         return ", ".join(in_params), ", ".join(out_params), body, name
