@@ -26,7 +26,6 @@ from .options import ExecutionMode, GraphOptimizationLevel, RunOptions, SessionO
 from .ortvalue import IOBinding, OrtValue, get_device
 from .plugin.discovery import get_all_providers, get_available_providers, get_provider_info
 from .plugin.provider import Capability, Device, ExecutionProvider
-from .predictor import Predictor
 from .session import InferenceSession, ModelMetadata
 from .run.feeds import NodeArg
 from .devices import (
@@ -68,6 +67,22 @@ from .ep_devices import (
     get_hardware_devices,
     get_model_compatibility_for_ep_devices,
 )
+
+
+def __getattr__(name: str):
+    # Predictor is imported when first named: it brings hashlib (OpenSSL's libcrypto,
+    # 3 MiB resident) and pickle, which a session never needs
+    if name == "Predictor":
+        from .predictor import Predictor
+
+        globals()["Predictor"] = Predictor
+        return Predictor
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | {"Predictor"})
+
 
 try:
     from importlib.metadata import version as _version
