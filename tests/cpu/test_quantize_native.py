@@ -112,3 +112,42 @@ def test_session_matches_the_onnx_reference(dt, axis, count):
     want = ReferenceEvaluator(m).run(None, {"x": x})
     np.testing.assert_array_equal(got[0], want[0])
     np.testing.assert_array_equal(got[1], want[1])
+
+
+def _qlinear_matmul_model(a_shape, b_shape, a_type, b_type, y_type):
+    elems = {np.uint8: TensorProto.UINT8, np.int8: TensorProto.INT8}
+    zps = {np.uint8: 120, np.int8: -3}
+    inits = [numpy_helper.from_array(np.array(v, np.float32), n) for n, v in (("as", 0.02), ("bs", 0.03), ("ys", 0.4))]
+    inits += [numpy_helper.from_array(np.array(zps[t] + d, t), n)
+              for n, t, d in (("az", a_type, 5), ("bz", b_type, 0), ("yz", y_type, -7))]
+    node = helper.make_node("QLinearMatMul", ["a", "as", "az", "b", "bs", "bz", "ys", "yz"], ["y"])
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("a", elems[a_type], a_shape),
+                                            helper.make_tensor_value_info("b", elems[b_type], b_shape)],
+                              [helper.make_tensor_value_info("y", elems[y_type], None)], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10)
+
+
+@pytest.mark.parametrize("a_shape,b_shape", [((1, 6, 40, 64), (1, 6, 64, 40)), ((2, 3, 37, 50), (3, 50, 9)),
+                                             ((5, 33), (2, 33, 70)), ((4, 7, 5), (5, 3))])
+@pytest.mark.parametrize("types", [(np.uint8, np.uint8, np.uint8), (np.uint8, np.int8, np.int8),
+                                   (np.int8, np.int8, np.uint8)])
+def test_qlinear_matmul_of_two_activations_matches_the_reference(a_shape, b_shape, types):
+    """Attention's Q K' and P V: B is an input, packed for the 8-bit product a matrix
+    of the batch at a time (batch axes broadcast), exactly as the numpy path and
+    onnx's reference compute it."""
+    a_type, b_type, y_type = types
+    m = _qlinear_matmul_model(a_shape, b_shape, *types)
+    rng = np.random.default_rng(7)
+    feeds = {"a": rng.integers(np.iinfo(a_type).min, np.iinfo(a_type).max + 1, a_shape).astype(a_type),
+             "b": rng.integers(np.iinfo(b_type).min, np.iinfo(b_type).max + 1, b_shape).astype(b_type)}
+    got = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    want = ReferenceEvaluator(m).run(None, feeds)[0]
+    assert got.dtype == want.dtype and got.shape == want.shape
+    np.testing.assert_array_equal(got, want)
+    # the compiled path took it (a 2-D B with more than one matrix in the batch included)
+    mult = np.asarray(np.float32(0.02) * np.float32(0.03) / np.float32(0.4))
+    zp = {np.uint8: 120, np.int8: -3}
+    direct = q._batched_int8(feeds["a"], np.array(zp[a_type] + 5, a_type), feeds["b"], np.array(zp[b_type], b_type),
+                             mult, np.dtype(y_type), np.array(zp[y_type] - 7, y_type))
+    if native.kernels().igemm_ready():
+        np.testing.assert_array_equal(direct, want)

@@ -583,6 +583,52 @@ def _row_param(p: np.ndarray, a: np.ndarray) -> np.ndarray:
     return p
 
 
+def _scalar_zp(zp, dtype) -> int | None:
+    """A per-tensor zero point of ``dtype`` as an int (0 when absent), else None."""
+    if zp is None:
+        return 0
+    zp = np.asarray(zp)
+    return int(zp.reshape(())) if zp.size == 1 and zp.dtype == dtype else None
+
+
+def _batched_int8(a, a_zero_point, b, b_zero_point, mult, out: np.dtype, y_zero_point):
+    """QLinearMatMul of two 8-bit tensors (B not constant: attention's Q K' and P V) by
+    the compiled 8-bit product, B packed for each matrix of the batch; per-tensor
+    scales and zero points, 8-bit out. None where the kernel does not take them."""
+    if a.dtype not in _BYTE_DTYPES or b.dtype not in _BYTE_DTYPES or a.ndim < 2 or b.ndim < 2 \
+            or mult.size != 1 or mult.dtype != _F32:
+        return None
+    k = native.kernels()
+    if k is None or not k.igemm_ready():
+        return None
+    za, zb, yz = _scalar_zp(a_zero_point, a.dtype), _scalar_zp(b_zero_point, b.dtype), _scalar_zp(y_zero_point, out)
+    if za is None or zb is None or yz is None or not 1 <= b.shape[-2] <= native.INT8_MAX_K:
+        return None
+    try:
+        batch = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    except ValueError:
+        return None
+    m, n = a.shape[-2], b.shape[-1]
+    aa = np.broadcast_to(a, batch + a.shape[-2:]).reshape(-1, m, a.shape[-1])
+    bb = np.broadcast_to(b, batch + b.shape[-2:]).reshape(-1, b.shape[-2], n)
+    y = np.empty((aa.shape[0], m, n), out)
+    scale = np.ascontiguousarray(mult, _F32).reshape(1)
+    kb = b.shape[-2]
+    k4, npad = -(-kb // 4) * 4, -(-n // 32) * 32
+    # B's zero point in the kernel's signed domain (uint8 shifted by -128), for its columns
+    zbv = np.zeros(npad, np.int32)
+    zbv[:n] = zb - 128 if b.dtype == np.uint8 else zb
+    for i in range(aa.shape[0]):
+        packed, colsum = np.empty(npad * k4, np.int8), np.empty(npad, np.int32)
+        k.igemm_pack(np.ascontiguousarray(bb[i]), packed, colsum)
+        w = native.Int8Weights(packed, zbv, colsum, kb, n)
+        r = native.int8_matmul(aa[i], w, za, scale=scale, y_zero_point=yz, y_type=out.type)
+        if r is None:
+            return None
+        y[i] = r
+    return y.reshape(batch + (m, n))
+
+
 @op("QLinearMatMul", since=10)
 class QLinearMatMul(Kernel):
     """QLinearMatMul: matrix product of quantized tensors, requantized to ``y``'s type."""
@@ -648,6 +694,8 @@ class QLinearMatMul(Kernel):
         out = a.dtype if y_zero_point is None else y_zero_point.dtype
         if b.dtype.kind in "iu" and out in _BYTE_RANGES:
             y = self._compiled(a, a_zero_point, b, mult, np.dtype(out), y_zero_point)
+            if y is None and self.w8 is None:
+                y = _batched_int8(a, a_zero_point, b, b_zero_point, mult, np.dtype(out), y_zero_point)
             if y is not None:
                 return (y,)
         if a.dtype.kind in "iu":

@@ -469,6 +469,86 @@ static PyObject *float_range(PyObject *self, PyObject *arg)
     return Py_BuildValue("(dd)", (double)lo, (double)hi);
 }
 
+/* ---- B packed at run time (a QLinearMatMul of two activations) -------------------- */
+
+PyDoc_STRVAR(igemm_pack_doc,
+"igemm_pack(b, packed, colsum)\n\n"
+"A uint8 or int8 b [k, n] (C-contiguous) into igemm's layout, as\n"
+"onnxrt_cpu.native.pack_int8_weights packs it: packed int8 [npad / 16, k4 / 4, 16, 4]\n"
+"(uint8 shifted by -128, zeros past k and n; k4 k rounded up to 4, npad n to 32) and\n"
+"colsum int32 [npad], the shifted columns' sums.");
+
+static PyObject *igemm_pack(PyObject *self, PyObject *args)
+{
+    PyObject *bo, *po, *co;
+    if (!PyArg_ParseTuple(args, "OOO:igemm_pack", &bo, &po, &co))
+        return NULL;
+    Py_buffer probe;
+    if (PyObject_GetBuffer(bo, &probe, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | PyBUF_ND) < 0)
+        return NULL;
+    int nd = probe.ndim;
+    Py_ssize_t k = nd == 2 ? probe.shape[0] : 0, n = nd == 2 ? probe.shape[1] : 0;
+    PyBuffer_Release(&probe);
+    if (nd != 2 || k < 1 || n < 1) {
+        PyErr_SetString(PyExc_ValueError, "igemm_pack: b must be a non-empty 2-D array");
+        return NULL;
+    }
+    int is_signed;
+    if (nb_int8_kind(bo, &is_signed, "igemm_pack: b") < 0)
+        return NULL;
+    const Py_ssize_t k4 = (k + 3) / 4 * 4, npad = (n + NR - 1) / NR * NR, kq = k4 / 4;
+    nbuf b, p, c;
+    b.held = p.held = c.held = 0;
+    PyObject *result = NULL;
+    if (nb_get(bo, &b, is_signed ? 'i' : 'u', 1, k * n, 0, 0, "igemm_pack: b") < 0 ||
+        nb_get(po, &p, 'i', 1, npad * k4, 1, 0, "igemm_pack: packed") < 0 ||
+        nb_get(co, &c, 'i', 4, npad, 1, 0, "igemm_pack: colsum") < 0)
+        goto done;
+    {
+        const uint8_t *src = b.view.buf;
+        int8_t *dst = p.view.buf;
+        int32_t *cs = c.view.buf;
+        const uint8_t flip = is_signed ? 0 : 0x80;
+        Py_BEGIN_ALLOW_THREADS
+        memset(cs, 0, (size_t)npad * sizeof(int32_t));
+        for (Py_ssize_t panel = 0; panel < npad / 16; panel++) {
+            const Py_ssize_t c0 = panel * 16, width = n - c0 >= 16 ? 16 : (n > c0 ? n - c0 : 0);
+            int8_t *pp = dst + panel * kq * 64;
+            int32_t sums[16] = {0};
+            for (Py_ssize_t q = 0; q < kq; q++) {
+                int8_t *d = pp + q * 64;
+                for (int r = 0; r < 4; r++) {
+                    const Py_ssize_t row = q * 4 + r;
+                    if (row >= k) {
+                        for (int cc = 0; cc < 16; cc++)
+                            d[cc * 4 + r] = 0;
+                        continue;
+                    }
+                    const uint8_t *line = src + row * n + c0;
+                    int cc = 0;
+                    for (; cc < width; cc++) {
+                        int8_t v = (int8_t)(line[cc] ^ flip);
+                        d[cc * 4 + r] = v;
+                        sums[cc] += v;
+                    }
+                    for (; cc < 16; cc++)
+                        d[cc * 4 + r] = 0;
+                }
+            }
+            for (int cc = 0; cc < 16; cc++)
+                cs[c0 + cc] = sums[cc];
+        }
+        Py_END_ALLOW_THREADS
+    }
+    result = Py_None;
+    Py_INCREF(result);
+done:
+    nb_release(&b);
+    nb_release(&p);
+    nb_release(&c);
+    return result;
+}
+
 /* ---- QuantizeLinear and DequantizeLinear of 8-bit integers --------------------------
  * Per tensor or per axis (block_size 0). The element i's scale and zero point are those
  * of index (i / inner) % count: count 1 per tensor, else the axis' length, with inner
@@ -488,10 +568,50 @@ typedef struct {
 /* saturate(rint(x / scale) + zp): the quotient in float32 and rounded half to even, as
  * the numpy path computes it; a NaN gives the code 0, as numpy's conversion of NaN to
  * an 8-bit type does on x86-64. */
+#if VNNI_BUILT
+/* The same, sixteen at a time: the quotient, its rounding (half to even), the zero
+ * point and the clamps are each one float32 operation, as in the loop below; a NaN
+ * lane (unordered) is masked to 0. */
+__attribute__((target("avx512f,avx512bw"))) static Py_ssize_t q8_avx512(const float *x, Py_ssize_t n, float s,
+                                                                         float zp, int is_signed, uint8_t *d)
+{
+    const __m512 vs = _mm512_set1_ps(s), vz = _mm512_set1_ps(zp);
+    const __m512 lo = _mm512_set1_ps(is_signed ? -128.0f : 0.0f), hi = _mm512_set1_ps(is_signed ? 127.0f : 255.0f);
+    Py_ssize_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m512 v = _mm512_div_ps(_mm512_loadu_ps(x + i), vs);
+        v = _mm512_add_ps(_mm512_roundscale_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), vz);
+        __mmask16 ok = _mm512_cmp_ps_mask(v, v, _CMP_ORD_Q);
+        v = _mm512_min_ps(_mm512_max_ps(v, lo), hi);
+        __m512i q = _mm512_maskz_cvtps_epi32(ok, v);
+        _mm_storeu_si128((__m128i *)(d + i), _mm512_cvtepi32_epi8(q));
+    }
+    return i;
+}
+
+static int avx512_here(void)
+{
+    static int known = -1;
+    if (known < 0) {
+        __builtin_cpu_init();
+        known = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
+    }
+    return known;
+}
+#endif
+
 NATIVE_CLONES static void q8_run(const float *restrict x, Py_ssize_t n, float s, float zp, int is_signed,
                                  void *restrict dst)
 {
     const float lo = is_signed ? -128.0f : 0.0f, hi = is_signed ? 127.0f : 255.0f;
+#if VNNI_BUILT
+    if (avx512_here()) {
+        Py_ssize_t done = q8_avx512(x, n, s, zp, is_signed, dst);
+        x += done;
+        n -= done;
+        dst = (uint8_t *)dst + done;
+    }
+#endif
     if (is_signed) {
         int8_t *restrict d = dst;
         for (Py_ssize_t i = 0; i < n; i++) {
@@ -652,6 +772,7 @@ PyMethodDef igemm_methods[] = {
     {"igemm", igemm, METH_VARARGS, igemm_doc},
     {"float_range", float_range, METH_O, float_range_doc},
     {"quantize8", quantize8, METH_VARARGS, quantize8_doc},
+    {"igemm_pack", igemm_pack, METH_VARARGS, igemm_pack_doc},
     {"dequantize8", dequantize8, METH_VARARGS, dequantize8_doc},
     {NULL, NULL, 0, NULL},
 };
