@@ -1,4 +1,5 @@
-"""The compiled convolutions' fused LeakyRelu, HardSigmoid and HardSwish, and 1-D
+"""The compiled convolutions' fused LeakyRelu, HardSigmoid and HardSwish (ONNX's, and
+PaddlePaddle's spelled-out ``Div(Mul(c, Clip(Add(c, 3), 0, 6)), 6)``), and 1-D
 convolutions along one-column planes (``[N, C, H, 1]`` by a ``k x 1`` kernel).
 
 Each activation is fused into FusedConv by the optimizer and applied by every compiled
@@ -199,3 +200,106 @@ def test_one_column_planes_match_onnxruntime(x_shape, w_shape, attrs, as_row, th
     n, c, h, _ = x_shape
     assert shapes == [(n, c, 1, h) if as_row else x_shape]
     np.testing.assert_allclose(got, _onnxruntime(model, feeds), rtol=1e-5, atol=1e-5)
+
+
+# -- HardSwish as PaddlePaddle's exports spell it: Div(Mul(c, Clip(Add(c, 3), 0, 6)), 6) ----------------------------
+
+
+def _paddle_model(x_shape, w_shape, attrs, *, offset=3.0, lo=0.0, hi=6.0, div=6.0, swap=False, extra_output=False):
+    rng = np.random.default_rng(0)
+    w = (rng.standard_normal(w_shape) / np.sqrt(np.prod(w_shape[1:]))).astype(np.float32)
+    b = (2.0 * rng.standard_normal(w_shape[0])).astype(np.float32)
+    consts = {"k_off": offset, "k_lo": lo, "k_hi": hi, "k_div": div}
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], **attrs),
+             helper.make_node("Add", ["k_off", "c"] if swap else ["c", "k_off"], ["a"]),
+             helper.make_node("Clip", ["a", "k_lo", "k_hi"], ["t"]),
+             helper.make_node("Mul", ["t", "c"] if swap else ["c", "t"], ["m"]),
+             helper.make_node("Div", ["m", "k_div"], ["y"])]
+    outputs = [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)]
+    if extra_output:
+        outputs.append(helper.make_tensor_value_info("t", TensorProto.FLOAT, None))
+    inits = [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")]
+    inits += [numpy_helper.from_array(np.array(v, np.float32), k) for k, v in consts.items()]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x_shape))],
+                              outputs, inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9).SerializeToString()
+
+
+def _unfused(model):
+    so = ort.SessionOptions()
+    so.disabled_optimizers = ["conv_activation_fusion"]
+    return ort.InferenceSession(model, so, providers=["CPUExecutionProvider"])
+
+
+@needs_native
+@pytest.mark.parametrize("swap", [False, True], ids=["c-first", "c-second"])
+@pytest.mark.parametrize("x_shape, w_shape, attrs, kernel", LAYERS, ids=[f"{k}-{i}" for i, (*_, k) in enumerate(LAYERS)])
+def test_paddle_hard_swish_fuses_and_equals_the_four_nodes(x_shape, w_shape, attrs, kernel, swap, monkeypatch,
+                                                           no_numpy_activation):
+    model = _paddle_model(x_shape, w_shape, attrs, swap=swap)
+    feeds = {"x": np.random.default_rng(6).standard_normal(x_shape).astype(np.float32)}
+    sess = _session(model, 2)
+    node, = sess._built.graph.nodes
+    assert node.op_type == "FusedConv" and node.attr("activation") == "HardSwish"
+    assert list(node.attr("activation_params")) == [3.0, 6.0]
+    counting = Counting(native.K)
+    monkeypatch.setattr(native, "K", counting)
+    got = sess.run(None, feeds)[0]
+    assert counting.calls == {kernel: 1}
+    monkeypatch.setattr(native, "K", counting.module)
+    # the pattern's own order of operations: the same values as the unfused nodes
+    np.testing.assert_array_equal(got, _unfused(model).run(None, feeds)[0])
+    want = _onnxruntime(model, feeds)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    assert (want == 0).any() and (want < 0).any() and (want > 3).any()
+
+
+def test_paddle_hard_swish_in_the_numpy_paths(monkeypatch):
+    """Without the compiled kernels FusedConv's numpy HardSwish of offset 3 and
+    threshold 6 gives the four nodes' values."""
+    monkeypatch.setattr(native, "K", None)
+    x_shape = (1, 8, 12, 12)
+    model = _paddle_model(x_shape, (16, 8, 3, 3), {"pads": [1, 1, 1, 1]})
+    feeds = {"x": np.random.default_rng(7).standard_normal(x_shape).astype(np.float32)}
+    sess = _session(model, 1)
+    assert [n.op_type for n in sess._built.graph.nodes] == ["FusedConv"]
+    np.testing.assert_array_equal(sess.run(None, feeds)[0], _unfused(model).run(None, feeds)[0])
+
+
+@pytest.mark.parametrize("change", [{"div": 5.0}, {"lo": -1.0}, {"hi": 5.0}, {"extra_output": True}],
+                         ids=["other-divisor", "clip-below-zero", "divisor-not-the-bound", "clip-read-outside"])
+def test_near_misses_of_the_paddle_hard_swish_are_left_alone(change):
+    x_shape = (1, 4, 8, 8)
+    model = _paddle_model(x_shape, (6, 4, 3, 3), {"pads": [1, 1, 1, 1]}, **change)
+    feeds = {"x": np.random.default_rng(8).standard_normal(x_shape).astype(np.float32)}
+    sess = _session(model, 1)
+    assert "FusedConv" not in [n.op_type for n in sess._built.graph.nodes]
+    for got, want in zip(sess.run(None, feeds), _onnxruntime_all(model, feeds)):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def _onnxruntime_all(model, feeds):
+    return rt.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, feeds)
+
+
+def test_gemm_followed_by_hard_swish_stays_two_nodes():
+    """FusedGemm takes no HardSwish (onnxruntime's neither): Gemm -> HardSwish is not
+    fused, and a FusedGemm that names it is refused."""
+    rng = np.random.default_rng(9)
+    nodes = [helper.make_node("Gemm", ["a", "w"], ["g"]), helper.make_node("HardSwish", ["g"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("a", TensorProto.FLOAT, [3, 5])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              [numpy_helper.from_array(rng.standard_normal((5, 4)).astype(np.float32), "w")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9).SerializeToString()
+    sess = _session(model, 1)
+    assert [n.op_type for n in sess._built.graph.nodes] == ["Gemm", "HardSwish"]
+    feeds = {"a": rng.standard_normal((3, 5)).astype(np.float32)}
+    np.testing.assert_allclose(sess.run(None, feeds)[0], _onnxruntime(model, feeds), rtol=1e-6, atol=1e-6)
+    fused = helper.make_node("FusedGemm", ["a", "w"], ["y"], domain="com.microsoft", activation="HardSwish")
+    graph = helper.make_graph([fused], "g", [helper.make_tensor_value_info("a", TensorProto.FLOAT, [3, 5])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              [numpy_helper.from_array(rng.standard_normal((5, 4)).astype(np.float32), "w")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)],
+                              ir_version=9).SerializeToString()
+    with pytest.raises(ort.Fail, match="FusedGemm does not take HardSwish"):
+        _session(model, 1)

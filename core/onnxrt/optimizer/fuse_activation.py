@@ -9,7 +9,11 @@ parameters), which onnxruntime's does not: PP-LCNet and the PaddleOCR models fol
 their convolutions with it, and the CPU provider applies it to each tile of the output
 while it is in cache (where a HardSwish node is two passes over the whole output).
 The fusion asks the provider whether its FusedConv takes the activation, so a provider
-without it keeps the two nodes.
+without it keeps the two nodes. PaddlePaddle's exports spell HardSwish out as
+``Div(Mul(c, Clip(Add(c, 3), 0, 6)), 6)`` (94 times in the PP-PicoDet layout model,
+four passes over each output); that becomes FusedConv's HardSwish with
+``activation_params`` ``[3, 6]`` (offset and threshold, computed in the pattern's
+order: the same values as the four nodes).
 
 - ``conv_activation_fusion``: ``act(Conv(x, W, b))``, ``act(Conv(x, W, b) + z)`` and
   ``Conv(x, W, b) + z`` where ``z`` has exactly the convolution's shape (a residual)
@@ -19,8 +23,8 @@ without it keeps the two nodes.
   the same addition. The residual is added to each tile of the output while it is
   in cache (MobileNetV2's ten projections with a skip: one pass over their outputs
   fewer).
-- ``gemm_activation_fusion``: ``act(Gemm(a, b, c))`` -> ``FusedGemm`` (not Clip,
-  which FusedGemm does not take).
+- ``gemm_activation_fusion``: ``act(Gemm(a, b, c))`` -> ``FusedGemm`` (not Clip or
+  HardSwish, which FusedGemm does not take).
 """
 
 from __future__ import annotations
@@ -70,6 +74,34 @@ def _activation_after(view: GraphView, value: str):
     return (act, params) if params is not None else (None, None)
 
 
+def _decomposed_hard_swish(view: GraphView, value: str):
+    """HardSwish spelled out as ``Div(Mul(value, Clip(Add(value, a), 0, t)), t)``
+    (either operand order of the Add and the Mul, scalar constants, ``t`` > 0) read
+    from ``value``: ``(nodes, output, [a, t])``, or None."""
+    if value in view.outputs:
+        return None
+    readers = view.readers(value)
+    if len(readers) != 2 or not all(view.free(r) and r.domain == "" for r in readers):
+        return None
+    add = next((r for r in readers if r.op_type == "Add"), None)
+    mul = next((r for r in readers if r.op_type == "Mul"), None)
+    if add is None or mul is None or len(add.inputs) != 2 or len(mul.inputs) != 2:
+        return None
+    offset = view.scalar(add.inputs[1] if add.inputs[0] == value else add.inputs[0], value)
+    clip = view.only_reader(add.outputs[0], "Clip")
+    if offset is None or clip is None or clip.inputs[0] != add.outputs[0]:
+        return None
+    bounds = activation_params(view, clip)
+    if bounds is None or bounds[0] != 0.0 or not bounds[1] > 0.0:
+        return None
+    if sorted(mul.inputs) != sorted([value, clip.outputs[0]]) or view.only_reader(clip.outputs[0]) is not mul:
+        return None
+    div = view.only_reader(mul.outputs[0], "Div")
+    if div is None or div.inputs[0] != mul.outputs[0] or view.scalar(div.inputs[1], mul.outputs[0]) != bounds[1]:
+        return None
+    return [add, clip, mul, div], div.outputs[0], [offset, bounds[1]]
+
+
 def _same_shape(a, b) -> bool:
     return a is not None and b is not None and len(a) == len(b) and all(
         x is not None and x == y for x, y in zip(a, b))
@@ -84,6 +116,14 @@ def conv_activation_fusion(graph, ctx) -> bool:
         y = conv.outputs[0]
         inputs = list(conv.inputs)
         old = [conv]
+        hard_swish = _decomposed_hard_swish(view, y)
+        if hard_swish is not None:
+            nodes, out, params = hard_swish
+            fused = view.make_node("FusedConv", inputs, [out], conv.name, domain=MS_DOMAIN, activation="HardSwish",
+                                   activation_params=params)
+            fused.attrs.update(conv.attrs)
+            view.replace(old + nodes, [fused])
+            continue
         act, params = _activation_after(view, y)
         if act is None:
             add = view.only_reader(y, "Add") or view.only_reader(y, "Sum")
@@ -113,7 +153,7 @@ def gemm_activation_fusion(graph, ctx) -> bool:
         if len(gemm.outputs) != 1:
             continue
         act, params = _activation_after(view, gemm.outputs[0])
-        if act is None or act.op_type == "Clip":
+        if act is None or act.op_type in ("Clip", "HardSwish"):
             continue
         extra = {}
         if params:

@@ -34,9 +34,17 @@ def _hard_sigmoid(x, alpha=0.2, beta=0.5):
     )
 
 
-def _hard_swish(x):
-    # x * HardSigmoid(x) with ONNX HardSwish's alpha 1/6 and beta 1/2
-    return x * _hard_sigmoid(x, 1.0 / 6.0, 0.5)
+def _hard_swish(x, offset=None, threshold=None):
+    # ONNX's x * HardSigmoid(x, 1/6, 1/2); with activation_params (offset, threshold),
+    # x * clip(x + offset, 0, threshold) / threshold in that order, as PaddlePaddle's
+    # exports spell it (the optimizer fuses that pattern with its constants)
+    if offset is None:
+        return x * _hard_sigmoid(x, 1.0 / 6.0, 0.5)
+    t = x + x.dtype.type(offset)
+    np.clip(t, 0, x.dtype.type(threshold), out=t)
+    t *= x
+    t /= x.dtype.type(threshold)
+    return t
 
 
 def _elu(x, alpha=1.0):
@@ -60,7 +68,7 @@ ACTIVATIONS = {
     "LeakyRelu": (_leaky, 1),
     "Clip": (_clip, 2),
     "HardSigmoid": (_hard_sigmoid, 2),
-    "HardSwish": (_hard_swish, 0),
+    "HardSwish": (_hard_swish, 2),
     "Elu": (_elu, 1),
     "ThresholdedRelu": (_thresholded, 1),
     "ScaledTanh": (_scaled_tanh, 2),
@@ -78,7 +86,8 @@ class _InPlace:
     """FusedConv's activation applied in place to a part of the output, and its form
     for the compiled kernels, ``native``: ``(kind, lo, hi)`` (kind 1 Relu, 2 Clip to
     ``[lo, hi]``, 3 LeakyRelu of alpha ``lo``, 4 HardSigmoid and 5 HardSwish of alpha
-    ``lo`` and beta ``hi``), or None for the activations only numpy applies."""
+    ``lo`` and beta ``hi``, 6 HardSwish as ``x * clip(x + lo, 0, hi) / hi``), or None
+    for the activations only numpy applies."""
 
     __slots__ = ("name", "params", "inplace", "native")
 
@@ -97,7 +106,7 @@ class _InPlace:
         elif name == "HardSigmoid":
             self.native = (4, float(params[0]), float(params[1]))
         elif name == "HardSwish":
-            self.native = (5, 1.0 / 6.0, 0.5)
+            self.native = (6, float(params[0]), float(params[1])) if len(params) >= 2 else (5, 1.0 / 6.0, 0.5)
 
     def __call__(self, out: np.ndarray) -> None:
         if self.inplace is not None:
@@ -128,7 +137,8 @@ class FusedConv(Conv):
         self.activation = self.attrs.get("activation", "")
         self.params = [float(p) for p in self.attrs.get("activation_params", [])]
         need = ACTIVATIONS[self.activation][1] if self.activation else 0
-        if self.activation not in ("", "Clip") and len(self.params) < need:
+        # Clip's bounds and HardSwish's offset and threshold may be left out
+        if self.activation not in ("", "Clip", "HardSwish") and len(self.params) < need:
             raise ValueError(
                 f"{self.node.describe()}: {self.activation} needs {need} activation_params"
             )
@@ -172,8 +182,8 @@ class FusedGemm(Gemm):
                 float(a.get("activation_alpha", 0.2)),
                 float(a.get("activation_beta", 0.5)),
             ]
-        if self.activation == "Clip":
-            raise ValueError(f"{self.node.describe()}: FusedGemm does not take Clip")
+        if self.activation in ("Clip", "HardSwish"):
+            raise ValueError(f"{self.node.describe()}: FusedGemm does not take {self.activation}")
 
     def run(self, a, b, c=None):
         (y,) = super().run(a, b, c)

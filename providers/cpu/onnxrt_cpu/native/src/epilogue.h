@@ -4,13 +4,16 @@
  * The fused activations (``act``) beyond native.h's Relu and Clip, with their two
  * parameters in ``lo`` and ``hi``: LeakyRelu (alpha in lo), HardSigmoid
  * (max(0, min(1, alpha x + beta)), alpha and beta in lo and hi) and HardSwish (x times
- * HardSigmoid with the alpha and beta in lo and hi, 1/6 and 1/2 for ONNX's). Applied
+ * HardSigmoid with the alpha and beta in lo and hi, 1/6 and 1/2 for ONNX's), and
+ * HardSwish as PaddlePaddle's exports spell it, ``x * clip(x + lo, 0, hi) / hi``
+ * (offset 3, threshold 6), in that order, so that the fused result is the unfused
+ * graph's bit for bit. Applied
  * on each tile while it is in cache, where numpy's activation after the kernel is one
  * more pass over the whole output, with temporaries (LeakyRelu on 64 x 498 x 64: about
  * 3 ms). */
 #ifndef ONNXRT_EPILOGUE_ACTS
 #define ONNXRT_EPILOGUE_ACTS
-enum { ACT_LEAKY = 3, ACT_HARD_SIGMOID = 4, ACT_HARD_SWISH = 5, ACT_LAST = ACT_HARD_SWISH };
+enum { ACT_LEAKY = 3, ACT_HARD_SIGMOID = 4, ACT_HARD_SWISH = 5, ACT_HARD_SWISH_DIV = 6, ACT_LAST = ACT_HARD_SWISH_DIV };
 #endif
 
 /* ``v < lo ? lo : v`` keeps NaN, as numpy's maximum and clip do; so do the
@@ -30,6 +33,12 @@ static inline T SFX(activate)(T v, int act, T lo, T hi)
         s = s < 0 ? (T)0 : s;
         s = s > 1 ? (T)1 : s;
         return act == ACT_HARD_SWISH ? v * s : s;
+    }
+    if (act == ACT_HARD_SWISH_DIV) {
+        T s = v + lo;
+        s = s < 0 ? (T)0 : s;
+        s = s > hi ? hi : s;
+        return v * s / hi;
     }
     return v;
 }
@@ -68,6 +77,13 @@ NATIVE_CLONES static void SFX(finish_row)(T *dst, const T *src, Py_ssize_t len, 
             s = s < 0 ? (T)0 : s;
             s = s > 1 ? (T)1 : s;
             dst[i] = v * s;
+        }
+    } else if (act == ACT_HARD_SWISH_DIV) {
+        for (Py_ssize_t i = 0; i < len; i++) {
+            T v = dst[i], s = v + lo;
+            s = s < 0 ? (T)0 : s;
+            s = s > hi ? hi : s;
+            dst[i] = v * s / hi;
         }
     }
 }
