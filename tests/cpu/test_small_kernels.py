@@ -109,6 +109,22 @@ def test_reduce_small_inputs_are_numpys_reductions_bit_for_bit(op, shape, axes, 
         np.testing.assert_allclose(got, theirs.run(None, {"x": x})[0], rtol=1e-5, atol=1e-3)
 
 
+@pytest.mark.parametrize("op", ["ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin"])
+@pytest.mark.parametrize("keepdims", [0, 1])
+@pytest.mark.parametrize("shape", [(1, 1, 5, 32), (7,), ()])
+def test_reduce_over_every_axis(op, keepdims, shape):
+    x = np.asarray(np.random.default_rng(8).standard_normal(shape) * 100, dtype=np.float32)
+    node = helper.make_node(op, ["x"], ["y"], keepdims=keepdims)
+    ours, theirs = _sessions([node], [helper.make_tensor_value_info("x", F, list(shape))],
+                             [helper.make_tensor_value_info("y", F, None)], opset=18)
+    ref = {"ReduceMean": np.mean, "ReduceSum": np.sum, "ReduceMax": np.max, "ReduceMin": np.min}[op]
+    got = ours.run(None, {"x": x})[0]
+    want = np.asarray(ref(x, keepdims=bool(keepdims)))
+    assert type(got) is np.ndarray and got.dtype == np.float32 and got.shape == want.shape
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_allclose(got, theirs.run(None, {"x": x})[0], rtol=1e-5, atol=1e-4)
+
+
 def test_reduce_nan_and_empty_and_attribute_axes():
     x = np.array([[1.0, np.nan, 3.0], [4.0, 5.0, 6.0]], np.float32)
     # NaN propagates, as numpy's reductions (and onnxrt before the lean run) give it;
@@ -177,3 +193,23 @@ def test_unsqueeze_axes_per_rank():
                         [numpy_helper.from_array(np.array([0, 0], np.int64), "axes")], opset=13)
     with pytest.raises(ort.errors.OnnxRtError, match="repeated axes"):
         ours.run(None, {"x": np.ones(3, np.float32)})
+
+
+def test_squeeze_and_slice_per_input_shape():
+    nodes = [helper.make_node("Squeeze", ["x", "sq"], ["s"]),
+             helper.make_node("Slice", ["x", "starts", "ends", "axes", "steps"], ["t"]),
+             helper.make_node("Squeeze", ["x"], ["all"])]
+    inits = [numpy_helper.from_array(np.array(v, np.int64), n) for n, v in
+             [("sq", [1]), ("starts", [-1, 0]), ("ends", [-1 - 2**62, 2]), ("axes", [0, 2]), ("steps", [-1, 1])]]
+    outs = [helper.make_tensor_value_info(n, F, None) for n in ("s", "t", "all")]
+    ours, theirs = _sessions(nodes, [helper.make_tensor_value_info("x", F, None)], outs, inits, opset=13)
+    rng = np.random.default_rng(4)
+    # shapes again and again (the memo), others, and more than the memo holds
+    shapes = [(3, 1, 4), (3, 1, 4), (2, 1, 5), (1, 1, 1)] + [(k, 1, 3) for k in range(1, 20)] + [(3, 1, 4)]
+    for shape in shapes:
+        x = rng.standard_normal(shape).astype(np.float32)
+        for g, w in zip(ours.run(None, {"x": x}), theirs.run(None, {"x": x})):
+            assert g.shape == w.shape
+            np.testing.assert_array_equal(g, w)
+    with pytest.raises(ort.errors.OnnxRtError, match="is not 1"):
+        ours.run(None, {"x": np.ones((2, 2, 2), np.float32)})

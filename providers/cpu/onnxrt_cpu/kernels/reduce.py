@@ -229,19 +229,22 @@ class Reduce(Kernel):
                 and x.size >= _ROWS_MIN_SIZE and x.flags.c_contiguous):
             y = self.rows(x)
             return (y if keepdims else y.reshape(x.shape[:-1]),)
-        if self.ufunc is not None and ax and xp is np and dt in _ROW_TYPES and x.size:
+        if self.ufunc is not None and ax != () and xp is np and dt in _ROW_TYPES and x.size:
             # the ufunc's reduce itself, without np.sum's / np.mean's / np.max's Python
             # layers (7 -> 1.5 us for a mean over 128 values): the same loop, the same
             # result (np.mean divides the float32 sum by the count computed in float64 and
             # rounded, which is the float32 quotient: float64 holds it exactly enough)
             y = self.ufunc.reduce(x, axis=ax, keepdims=keepdims)
-            if type(y) is np.ndarray:
-                if self.fn is _mean:
+            if type(y) is not np.ndarray:
+                y = np.asarray(y)  # every axis reduced away: a numpy scalar, made a 0-d array
+            if self.fn is _mean:
+                n = x.size
+                if ax is not None:
                     n = 1
                     for a in ax:
                         n *= x.shape[a]
-                    np.true_divide(y, n, out=y)
-                return (y,)
+                np.true_divide(y, n, out=y)
+            return (y,)
         if self.upcast and _is_half(dt):
             y = self.fn(xp, x.astype(np.float32), ax, keepdims)
         else:

@@ -257,20 +257,30 @@ class Squeeze(Kernel):
             ax = None if c is None else _ints(c)
         self.axes = None if ax is None else list(ax)
         self.dynamic = self.node.opset >= 13 and self.axes is None
+        self._memo: dict[tuple, tuple] = {}
 
     def run(self, x, axes=None):
-        ax = self.axes
-        if self.dynamic and axes is not None:
-            ax = _ints(axes)
+        if not (self.dynamic and axes is not None):
+            # the node's own axes: the output shape, once per input shape
+            memo = self._memo
+            shape = memo.get(x.shape)
+            if shape is None:
+                if len(memo) >= _MEMO_SHAPES:
+                    memo.clear()
+                shape = memo[x.shape] = self._squeezed(x, self.axes).shape
+            return (x.reshape(shape),)
+        return (self._squeezed(x, _ints(axes)),)
+
+    def _squeezed(self, x, ax):
         if not ax:
             # no axes (or an empty list, as onnxruntime reads it): drop every 1
-            return (self.xp.squeeze(x),)
+            return self.xp.squeeze(x)
         r = x.ndim
         norm = tuple(_norm_axis(a, r, "Squeeze") for a in ax)
         for a in norm:
             if x.shape[a] != 1:
                 raise ValueError(f"Squeeze: axis {a} of input shape {x.shape} is not 1")
-        return (x.reshape([d for i, d in enumerate(x.shape) if i not in norm]),)
+        return x.reshape([d for i, d in enumerate(x.shape) if i not in norm])
 
 
 @op("Unsqueeze", since=1)
@@ -424,16 +434,29 @@ class Slice(Kernel):
                 self.fixed = tuple(None if p is None else _ints(p) for p in parts)
             else:
                 self.fixed = None
+        self._memo: dict[tuple, tuple] = {}
 
     def run(self, x, starts=None, ends=None, axes=None, steps=None):
         if self.fixed is not None:
-            starts, ends, axes, steps = self.fixed
+            # the node's own starts/ends/axes/steps: the index, once per input shape
+            memo = self._memo
+            index = memo.get(x.shape)
+            if index is None:
+                if len(memo) >= _MEMO_SHAPES:
+                    memo.clear()
+                index = memo[x.shape] = _slices(x.shape, *self.fixed)
+            return (x[index],)
         else:
             starts = _ints(starts)
             ends = _ints(ends)
             axes = None if axes is None else _ints(axes)
             steps = None if steps is None else _ints(steps)
         return (x[_slices(x.shape, starts, ends, axes, steps)],)
+
+
+#: input shapes a node keeps its computed index (or output shape) for; a node fed ever
+#: new shapes starts its memo again
+_MEMO_SHAPES = 16
 
 
 def _slices(shape, starts, ends, axes, steps) -> tuple:
