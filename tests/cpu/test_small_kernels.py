@@ -213,3 +213,25 @@ def test_squeeze_and_slice_per_input_shape():
             np.testing.assert_array_equal(g, w)
     with pytest.raises(ort.errors.OnnxRtError, match="is not 1"):
         ours.run(None, {"x": np.ones((2, 2, 2), np.float32)})
+
+
+def test_identity_of_a_tensor_is_a_direct_view_and_sequences_pass_through():
+    nodes = [helper.make_node("Identity", ["x"], ["y"]), helper.make_node("Neg", ["y"], ["z"]),
+             helper.make_node("SequenceConstruct", ["x", "x"], ["seq"]),
+             helper.make_node("Identity", ["seq"], ["seq2"]),
+             helper.make_node("SequenceLength", ["seq2"], ["n"])]
+    outs = [helper.make_tensor_value_info("z", F, None), helper.make_tensor_value_info("y", F, None),
+            helper.make_tensor_value_info("n", TensorProto.INT64, None)]
+    ours, theirs = _sessions(nodes, [helper.make_tensor_value_info("x", F, [2, 3])], outs)
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    got = ours.run(None, {"x": x})
+    for g, w in zip(got, theirs.run(None, {"x": x})):
+        np.testing.assert_array_equal(g, w)
+    assert not np.shares_memory(got[1], x)  # the output is the caller's, not the feed
+    steps = ours._built.plan.fast_steps
+    ident = [i for i, st in enumerate(steps) if st.op_type == "Identity"]
+    assert len(ident) == 2
+    # the tensor's Identity is the view method itself; the sequence's is the kernel
+    names = ours._built.plan.run.__globals__
+    assert names.get(f"d{ident[0]}") is np.ndarray.view
+    assert f"d{ident[1]}" not in names and f"f{ident[1]}" in names

@@ -129,7 +129,15 @@ class ConstantOfShape(Kernel):
 # -- identity, shape, size ----------------------------------------------------------------
 
 
-@op("Identity", since=1)
+def _identity_direct(k):
+    """``x.view()`` called as the method itself, for an input statically a tensor (a
+    sequence or optional passes through ``identity``)."""
+    if k.xp is not np or k.node.input_dtype(0) is None:
+        return None
+    return DirectCall(np.ndarray.view)
+
+
+@op("Identity", since=1, direct=_identity_direct)
 def identity(k, x):
     """Tensors come back as views; sequences and optionals as the same object."""
     if isinstance(x, np.ndarray):
