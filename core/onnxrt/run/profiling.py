@@ -26,15 +26,29 @@ __all__ = ["Profiler", "load_trace", "op_time_table"]
 
 
 class Profiler:
-    """Collects events for one session; thread safe."""
+    """Collects events for one session; thread safe.
+
+    A node's event is recorded as a tuple (the step, its times, its thread and its
+    outputs' types, shapes and sizes) and made the trace's dict only when the events are
+    read: the work between two profiled nodes is then a list append, so that it does not
+    show as the time of the node around them (an If's body ran 60 nodes whose events,
+    built as dicts on the spot, made the If's own time most of the profile's)."""
 
     def __init__(self, session_options):
         self.prefix = session_options.profile_file_prefix or "onnxrt_profile"
         self.start_ns = time.time_ns()
         self._t0 = time.perf_counter_ns()
-        self.events: list[dict] = []
+        # dicts (session phases) and tuples (nodes, see node_event), in the order recorded
+        self._records: list = []
         self._lock = threading.Lock()
         self._pid = os.getpid()
+
+    @property
+    def events(self) -> list[dict]:
+        """Every event recorded so far, as the trace's dicts."""
+        with self._lock:
+            records = list(self._records)
+        return [r if type(r) is dict else self._node_dict(r) for r in records]
 
     def now(self) -> int:
         """A monotonic timestamp in nanoseconds."""
@@ -50,33 +64,53 @@ class Profiler:
                    "pid": self._pid, "tid": threading.get_ident(), "args": {}})
 
     def node_event(self, step, t0: int, t1: int, outputs) -> None:
-        """Record one node's run."""
+        """Record one node's run (its outputs' types and shapes, not the outputs: a
+        profile keeps no value alive)."""
+        outs = tuple((v.dtype, v.shape, v.nbytes) if type(v) is np.ndarray else _described(v) for v in outputs)
+        self._records.append((step, t0, t1, threading.get_ident(), outs))  # one append: atomic
+
+    def _node_dict(self, record: tuple) -> dict:
+        step, t0, t1, tid, outs = record
         size = 0
         shapes = []
-        for v in outputs:
-            size += getattr(v, "nbytes", 0) or 0
-            shapes.append(_type_shape(v))
-        self._add({
+        for o in outs:
+            if type(o) is tuple:
+                size += o[2]
+                shapes.append(_type_shape_of(o[0], o[1]))
+            else:
+                shapes.append({o.__name__: []})
+        return {
             "cat": "Node", "ph": "X", "name": f"{step.node_name}_kernel_time", "ts": self._us(t0),
-            "dur": max(0, (t1 - t0) // 1000), "pid": self._pid, "tid": threading.get_ident(),
+            # whole microseconds, as onnxruntime writes them, rounded: truncated, a
+            # body of sixty sub-microsecond nodes lost half a microsecond each to its If
+            "dur": max(0, (t1 - t0 + 500) // 1000), "pid": self._pid, "tid": tid,
             "args": {"op_name": step.op_type, "provider": step.provider, "node_name": step.node_name,
                      "output_size": str(size), "output_type_shape": shapes},
-        })
+        }
 
     def _add(self, ev: dict) -> None:
         with self._lock:
-            self.events.append(ev)
+            self._records.append(ev)
 
     def write(self, path: str | None = None) -> str:
         """Write the trace and return its path."""
         if path is None:
             stamp = datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
             path = f"{self.prefix}_{stamp}.json"
-        with self._lock:
-            events = list(self.events)
+        events = self.events
         with open(path, "w") as f:
             json.dump(events, f)
         return path
+
+
+def _described(v):
+    """A node output that is not a numpy array, as a node event keeps it: ``(dtype,
+    shape, bytes)`` for a device array, else its class (a sequence, an empty optional)."""
+    dtype = getattr(v, "dtype", None)
+    shape = getattr(v, "shape", None)
+    if dtype is None or shape is None:
+        return v.__class__
+    return (dtype, tuple(shape), getattr(v, "nbytes", 0) or 0)
 
 
 def _type_shape(v) -> dict:
@@ -85,6 +119,10 @@ def _type_shape(v) -> dict:
     shape = getattr(v, "shape", None)
     if dtype is None or shape is None:
         return {type(v).__name__: []}
+    return _type_shape_of(dtype, shape)
+
+
+def _type_shape_of(dtype, shape) -> dict:
     try:
         from ..dtypes import elem_type_name, onnx_elem_type
 
