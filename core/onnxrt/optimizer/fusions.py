@@ -9,6 +9,7 @@ op's kernel): the quantization fusions of ``quant_fusions`` (first, as
 onnxruntime runs its QDQ transformers first), ``gelu_fusion``, ``fast_gelu_fusion``, ``quick_gelu_fusion``, ``bias_gelu_fusion``,
 ``layer_norm_fusion``, ``simplified_layer_norm_fusion``, ``skip_layer_norm_fusion``,
 ``attention_fusion``, ``conv_activation_fusion``, ``gemm_activation_fusion``,
+``hard_activation_fusion``,
 ``transpose_cancellation``, ``transpose_matmul_fusion``, ``matmul_scale_fusion``, and
 ``fusion_dead_node_elimination`` to drop what the fusions left unused.
 
@@ -20,7 +21,7 @@ fusions that would otherwise take its pieces).
 from __future__ import annotations
 
 from ..options import GraphOptimizationLevel
-from . import fold_conv, fuse_activation, fuse_transformer, quant_fusions, transpose
+from . import fold_conv, fuse_activation, fuse_hard, fuse_transformer, quant_fusions, transpose
 from .attention import attention_fusion
 from .basic import dead_node_elimination
 
@@ -53,6 +54,7 @@ def register(reg) -> None:
     reg.add("attention_fusion", attention_fusion, extended)
     reg.add("conv_activation_fusion", fuse_activation.conv_activation_fusion, extended)
     reg.add("gemm_activation_fusion", fuse_activation.gemm_activation_fusion, extended)
+    reg.add("hard_activation_fusion", fuse_hard.hard_activation_fusion, extended)
     reg.add("transpose_cancellation", transpose.transpose_cancellation, extended)
     reg.add("transpose_matmul_fusion", transpose.transpose_matmul_fusion, extended)
     reg.add("matmul_scale_fusion", transpose.matmul_scale_fusion, extended)

@@ -14,6 +14,7 @@ import math
 import numpy as np
 
 from onnxrt.plugin.kernel import DirectCall, Kernel
+from onnxrt.run.threads import current_thread_count
 
 from .. import native
 from ..parallel import parallel_for, thread_count
@@ -209,11 +210,44 @@ def sigmoid(k, x):
     return _sigmoid(k.xp, x)
 
 
+#: Elements from which HardSigmoid and HardSwish go to the compiled ``hard`` kernel:
+#: one pass where numpy makes three or four, and the call costs no more than numpy's
+#: first ufunc from about this size.
+_HARD_MIN = 1024
+
+#: ``hard`` modes (elementwise.c): multiply by x, divide by the factor, the factor first
+HARD_GATE, HARD_DIV, HARD_FACTOR_FIRST = 1, 2, 4
+
+#: HardSwish's slope, 1/6 in float32, as the numpy path multiplies by it
+_SIXTH = float(np.float32(1.0 / 6.0))
+
+
+def hard_native(x, mode: int, scale: float, shift: float, lo: float, hi: float, factor: float = 1.0):
+    """``clip(x * scale + shift, lo, hi)``, multiplied by ``x`` where ``mode`` has
+    :data:`HARD_GATE` and by ``factor`` (divided by it with :data:`HARD_DIV`; before the
+    multiplication by x with :data:`HARD_FACTOR_FIRST`), by the compiled kernel in one
+    pass over the run's threads, every step rounded to float32 as numpy rounds it; None
+    where the kernel does not take ``x`` (not loaded, or not a C-contiguous float32 numpy
+    array of at least :data:`_HARD_MIN` elements)."""
+    kern = native.K
+    if kern is None or type(x) is not np.ndarray or x.size < _HARD_MIN or x.dtype != _F32 \
+            or not x.flags.c_contiguous:
+        return None
+    y = np.empty_like(x)
+    kern.hard(x, y, mode, float(scale), float(shift), float(lo), float(hi), float(factor), current_thread_count())
+    return y
+
+
 @op("HardSigmoid", since=1)
 @_float_compute
 def hard_sigmoid(k, x, *, alpha=0.20000000298023224, beta=0.5):
     """ONNX HardSigmoid: max(0, min(1, alpha * x + beta))."""
     xp = k.xp
+    if xp is np:
+        # alpha and beta in float32, as numpy's float32 arithmetic takes the Python floats
+        y = hard_native(x, 0, float(np.float32(alpha)), float(np.float32(beta)), 0.0, 1.0)
+        if y is not None:
+            return y
     y = x * alpha
     y += beta
     return xp.clip(y, 0, 1, out=y)
@@ -224,11 +258,53 @@ def hard_sigmoid(k, x, *, alpha=0.20000000298023224, beta=0.5):
 def hard_swish(k, x):
     """ONNX HardSwish: x * max(0, min(1, x / 6 + 0.5))."""
     xp = k.xp
+    if xp is np:
+        y = hard_native(x, HARD_GATE, _SIXTH, 0.5, 0.0, 1.0)
+        if y is not None:
+            return y
     y = x * (1.0 / 6.0)
     y += 0.5
     xp.clip(y, 0, 1, out=y)
     y *= x
     return y
+
+
+@op("HardActivation", since=1, domain="ai.onnxrt")
+def hard_activation(k, x, *, scale=1.0, shift=0.0, low=-np.inf, high=np.inf, factor=1.0, divide=0, gate=0,
+                    factor_first=0):
+    """onnxrt's own op, made by ``hard_activation_fusion`` from the elementwise nodes
+    that spell out a HardSwish or a HardSigmoid (``x * Clip(x + 3, 0, 6) / 6``) or a
+    scalar affine map (``x * s + b``): ``t = Clip(x * scale + shift, low, high)``, then
+    ``t * x`` where ``gate`` and ``t * factor`` (``t / factor`` where ``divide``), the
+    factor after the product with x unless ``factor_first``. Each step rounds in ``x``'s
+    type as the node it replaces did, so the result is theirs bit for bit."""
+    if not isinstance(x, np.ndarray) or x.dtype.kind != "f":
+        raise TypeError(f"{k.node.describe()}: X must be a float tensor, got {np.asarray(x).dtype}")
+    mode = (HARD_GATE if gate else 0) | (HARD_DIV if divide else 0) | (HARD_FACTOR_FIRST if factor_first else 0)
+    if k.xp is np:
+        y = hard_native(x, mode, scale, shift, low, high, factor)
+        if y is not None:
+            return y
+    t = x.dtype.type
+    shape, x = x.shape, x.reshape(1) if x.ndim == 0 else x  # numpy gives scalars for rank 0
+    with np.errstate(over="ignore", invalid="ignore", under="ignore", divide="ignore"):
+        y = k.xp.multiply(x, t(scale))
+        y += t(shift)
+        y = k.xp.clip(y, t(low), t(high), out=y)
+
+        def apply_factor(y):
+            if divide:
+                y /= t(factor)
+            else:
+                y *= t(factor)
+
+        if factor_first:
+            apply_factor(y)
+        if gate:
+            y *= x
+        if not factor_first:
+            apply_factor(y)
+    return y.reshape(shape)
 
 
 @op("Softplus", since=1)

@@ -13,7 +13,9 @@ import numpy as np
 
 from onnxrt.plugin.kernel import DirectCall, Kernel
 from onnxrt.run.limits import allocation_limit, check_allocation
+from onnxrt.run.threads import current_thread_count
 
+from .. import native
 from ..registry import op
 from ..rows import broadcast_buffer, columns_op, row_vector
 from ..select import _clip as _clip_ufunc
@@ -342,8 +344,36 @@ def _check_broadcast(k, dtype, *xs) -> None:
         check_allocation(shape, dtype, f"{k.node.op_type} output")
 
 
+def _plane_scale(a, b):
+    """``a * b`` where one operand is a C-contiguous float32 array and the other holds one
+    value per plane of it (equal to it on the leading axes and 1 on the rest: the
+    ``[N, C, 1, 1]`` scale of a squeeze-and-excitation block over ``[N, C, H, W]``),
+    by the compiled kernel in one pass over the run's threads, into the one array it
+    allocates; None for anything else. The products are numpy's, value for value."""
+    kern = native.K
+    if kern is None or a.dtype != _F32 or b.dtype != _F32:
+        return None
+    big, small = (a, b) if a.size >= b.size else (b, a)
+    if big.size < native.UNARY_MIN or small.size < 2 or small.ndim > big.ndim or not big.flags.c_contiguous:
+        return None
+    shape = (1,) * (big.ndim - small.ndim) + small.shape
+    lead = len(shape)
+    while lead and shape[lead - 1] == 1:
+        lead -= 1
+    if lead == len(shape) or shape[:lead] != big.shape[:lead]:
+        return None  # no broadcast, or a broadcast over a leading axis
+    inner = big.size // small.size
+    y = np.empty(big.shape, _F32)
+    kern.plane_scale(big, np.ascontiguousarray(small), y, inner, current_thread_count())
+    return y
+
+
 def _binary(xp, name, a, b):
     if xp is np:
+        if name == "Mul":
+            y = _plane_scale(a, b)
+            if y is not None:
+                return y
         y = _with_row_vector(name, a, b)
         if y is not None:
             return y

@@ -570,7 +570,187 @@ done:
     Py_RETURN_NONE;
 }
 
+/* ---- Hard activations (HardSigmoid, HardSwish and their Add/Clip/Mul/Div spellings) --- */
+
+/* Modes of ``hard``: multiply by x (a HardSwish, a HardSigmoid otherwise), divide by the
+ * factor (else multiply), apply the factor before the multiplication by x (else after). */
+enum { HARD_GATE = 1, HARD_DIV = 2, HARD_FACTOR_FIRST = 4 };
+
+typedef struct {
+    const float *x;
+    float *y;
+    Py_ssize_t n;
+    float scale, shift, lo, hi, factor;
+    int mode;
+} hard_job;
+
+/* Each step rounded on its own, in the order the numpy path (and the spelled graph)
+ * takes them: a fused multiply-add of x * scale + shift would round once, not twice,
+ * and differ in the last bit, so contraction is off here. A comparison select clips,
+ * as the Clip kernel does: NaN passes through. x * 1 and x / 1 are exact, so a factor
+ * of 1 changes nothing. */
+#define HARD_LOOP(GATED, DIVIDE, FIRST)                                                                         \
+    for (Py_ssize_t i = 0; i < n; i++) {                                                                      \
+        const float v = x[i];                                                                                 \
+        float t = v * scale;                                                                                  \
+        t = t + shift;                                                                                        \
+        t = t < lo ? lo : t;                                                                                  \
+        t = t > hi ? hi : t;                                                                                  \
+        if (FIRST)                                                                                            \
+            t = DIVIDE ? t / factor : t * factor;                                                             \
+        if (GATED)                                                                                            \
+            t = v * t;                                                                                        \
+        if (!(FIRST))                                                                                         \
+            t = DIVIDE ? t / factor : t * factor;                                                             \
+        y[i] = t;                                                                                             \
+    }
+
+/* y may be x. */
+NATIVE_CLONES __attribute__((optimize("fp-contract=off"))) static void
+hard_f32(const float *x, float *y, Py_ssize_t n, float scale, float shift, float lo, float hi, float factor, int mode)
+{
+    switch (mode & 7) {
+    case 0: HARD_LOOP(0, 0, 0) break;
+    case HARD_GATE: HARD_LOOP(1, 0, 0) break;
+    case HARD_DIV: HARD_LOOP(0, 1, 0) break;
+    case HARD_GATE | HARD_DIV: HARD_LOOP(1, 1, 0) break;
+    case HARD_FACTOR_FIRST: HARD_LOOP(0, 0, 1) break;
+    case HARD_FACTOR_FIRST | HARD_GATE: HARD_LOOP(1, 0, 1) break;
+    case HARD_FACTOR_FIRST | HARD_DIV: HARD_LOOP(0, 1, 1) break;
+    default: HARD_LOOP(1, 1, 1) break;
+    }
+}
+
+static void hard_task(void *arg, Py_ssize_t t)
+{
+    const hard_job *j = arg;
+    const Py_ssize_t i0 = t * CHUNK, i1 = i0 + CHUNK < j->n ? i0 + CHUNK : j->n;
+    hard_f32(j->x + i0, j->y + i0, i1 - i0, j->scale, j->shift, j->lo, j->hi, j->factor, j->mode);
+}
+
+PyDoc_STRVAR(hard_doc,
+"hard(x, y, mode, scale, shift, lo, hi, factor, threads)\n\n"
+"y = clip(x * scale + shift, lo, hi) over float32 arrays of one size, each step\n"
+"rounded to float32 on its own (no fused multiply-add); then, by the bits of mode,\n"
+"multiplied by x (1: HardSwish, else HardSigmoid) and multiplied by factor, or divided\n"
+"by it (2), after the multiplication by x or before it (4). y may be x. Runs on up to\n"
+"threads threads, without the GIL.");
+
+static PyObject *hard(PyObject *self, PyObject *args)
+{
+    PyObject *xo, *yo;
+    int mode, threads;
+    double scale, shift, lo, hi, factor;
+    if (!PyArg_ParseTuple(args, "OOidddddi:hard", &xo, &yo, &mode, &scale, &shift, &lo, &hi, &factor, &threads))
+        return NULL;
+    if (mode < 0 || mode > 7) {
+        PyErr_Format(PyExc_ValueError, "hard: unknown mode %d", mode);
+        return NULL;
+    }
+    nbuf x, y;
+    x.held = y.held = 0;
+    if (nb_get(xo, &x, 'f', 4, 0, 0, 0, "hard: x") < 0)
+        return NULL;
+    hard_job j = {x.view.buf, NULL, x.view.len / 4, (float)scale, (float)shift, (float)lo, (float)hi,
+                  (float)factor, mode};
+    if (nb_get(yo, &y, 'f', 4, j.n, 1, 0, "hard: y") < 0) {
+        nb_release(&x);
+        return NULL;
+    }
+    j.y = y.view.buf;
+    if (j.n) {
+        Py_BEGIN_ALLOW_THREADS
+        pool_run(hard_task, &j, (j.n + CHUNK - 1) / CHUNK, threads);
+        Py_END_ALLOW_THREADS
+    }
+    nb_release(&x);
+    nb_release(&y);
+    Py_RETURN_NONE;
+}
+
+/* ---- One factor per plane: y[p, i] = x[p, i] * s[p] (a squeeze-and-excitation block's
+ * channel scale, [N, C, H, W] * [N, C, 1, 1]) --------------------------------------- */
+
+typedef struct {
+    const float *x, *s;
+    float *y;
+    Py_ssize_t planes, inner;
+} plane_job;
+
+/* y may be x: no restrict. */
+NATIVE_CLONES static void scale_run_f32(const float *x, float *y, Py_ssize_t n, float s)
+{
+    for (Py_ssize_t i = 0; i < n; i++)
+        y[i] = x[i] * s;
+}
+
+/* Chunks of about CHUNK elements: whole planes where planes are small, pieces of one
+ * where they are large (as channel_affine splits them). */
+static void plane_task(void *arg, Py_ssize_t t)
+{
+    const plane_job *j = arg;
+    const Py_ssize_t per = j->inner >= CHUNK ? 1 : CHUNK / j->inner;
+    const Py_ssize_t parts = j->inner >= CHUNK ? (j->inner + CHUNK - 1) / CHUNK : 1;
+    const Py_ssize_t p0 = (t / parts) * per, p1 = p0 + per < j->planes ? p0 + per : j->planes;
+    const Py_ssize_t e0 = parts > 1 ? (t % parts) * CHUNK : 0;
+    const Py_ssize_t e1 = parts > 1 ? (e0 + CHUNK < j->inner ? e0 + CHUNK : j->inner) : j->inner;
+    for (Py_ssize_t p = p0; p < p1; p++)
+        scale_run_f32(j->x + p * j->inner + e0, j->y + p * j->inner + e0, e1 - e0, j->s[p]);
+}
+
+PyDoc_STRVAR(plane_scale_doc,
+"plane_scale(x, s, y, inner, threads)\n\n"
+"y = x * s[p] over float32 x viewed as [planes, inner], s holding one value per\n"
+"plane, into y (x's size, or x itself). Runs on up to\n"
+"threads threads, without the GIL.");
+
+static PyObject *plane_scale(PyObject *self, PyObject *args)
+{
+    PyObject *xo, *so, *yo;
+    Py_ssize_t inner;
+    int threads;
+    if (!PyArg_ParseTuple(args, "OOOni:plane_scale", &xo, &so, &yo, &inner, &threads))
+        return NULL;
+    if (inner < 1) {
+        PyErr_SetString(PyExc_ValueError, "plane_scale: inner must be positive");
+        return NULL;
+    }
+    nbuf x, s, y;
+    x.held = s.held = y.held = 0;
+    plane_job j = {NULL, NULL, NULL, 0, inner};
+    if (nb_get(xo, &x, 'f', 4, 0, 0, 0, "plane_scale: x") < 0)
+        goto done;
+    const Py_ssize_t n = x.view.len / 4;
+    if (n % inner) {
+        PyErr_Format(PyExc_ValueError, "plane_scale: x holds %zd elements, not planes of %zd", n, inner);
+        goto done;
+    }
+    j.planes = n / inner;
+    if (nb_get(so, &s, 'f', 4, j.planes, 0, 0, "plane_scale: s") < 0 ||
+        nb_get(yo, &y, 'f', 4, n, 1, 0, "plane_scale: y") < 0)
+        goto done;
+    j.x = x.view.buf;
+    j.s = s.view.buf;
+    j.y = y.view.buf;
+    if (n) {
+        const Py_ssize_t tasks = inner >= CHUNK ? j.planes * ((inner + CHUNK - 1) / CHUNK)
+                                                : (j.planes + CHUNK / inner - 1) / (CHUNK / inner);
+        Py_BEGIN_ALLOW_THREADS
+        pool_run(plane_task, &j, tasks, threads);
+        Py_END_ALLOW_THREADS
+    }
+done:
+    nb_release(&x);
+    nb_release(&s);
+    nb_release(&y);
+    if (PyErr_Occurred())
+        return NULL;
+    Py_RETURN_NONE;
+}
+
 PyMethodDef elementwise_methods[] = {
+    {"hard", hard, METH_VARARGS, hard_doc},
+    {"plane_scale", plane_scale, METH_VARARGS, plane_scale_doc},
     {"row_norm", row_norm, METH_VARARGS, row_norm_doc},
     {"pair_lookup", pair_lookup, METH_VARARGS, pair_lookup_doc},
     {"int8_blocks", int8_blocks, METH_VARARGS, int8_blocks_doc},

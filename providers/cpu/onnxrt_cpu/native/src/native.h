@@ -144,6 +144,7 @@ extern PyMethodDef depthwise_methods[];
 extern PyMethodDef conv_methods[];
 extern PyMethodDef pool2d_methods[];
 extern PyMethodDef elementwise_methods[];
+extern PyMethodDef cast16_methods[];
 extern PyMethodDef qlstm_methods[];
 extern PyMethodDef winograd_methods[];
 extern PyMethodDef direct_methods[];
