@@ -24,8 +24,10 @@ from tests.cpu.conv_cases import Counting, needs_native
 
 rt = pytest.importorskip("onnxruntime")
 
-#: (activation, its attributes)
-ACTS = [("LeakyRelu", {"alpha": 0.1}), ("HardSigmoid", {"alpha": 0.3, "beta": 0.4}), ("HardSwish", {})]
+#: (activation, its attributes); QuickGelu is com.microsoft's
+ACTS = [("LeakyRelu", {"alpha": 0.1}), ("HardSigmoid", {"alpha": 0.3, "beta": 0.4}), ("HardSwish", {}),
+        ("Sigmoid", {}), ("QuickGelu", {"alpha": 1.0}), ("QuickGelu", {})]
+ACT_IDS = ["LeakyRelu", "HardSigmoid", "HardSwish", "Sigmoid", "SiLU", "QuickGelu"]
 
 #: (input shape, weight shape, Conv attributes, the compiled function that takes it)
 LAYERS = [
@@ -46,11 +48,13 @@ def _model(x_shape, w_shape, attrs, act=None, act_attrs=None, dtype=np.float32, 
     b = (0.5 * rng.standard_normal(w_shape[0])).astype(dtype)
     nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c" if act else "y"], **attrs)]
     if act:
-        nodes.append(helper.make_node(act, ["c"], ["y"], **(act_attrs or {})))
+        domain = "com.microsoft" if act == "QuickGelu" else ""
+        nodes.append(helper.make_node(act, ["c"], ["y"], domain=domain, **(act_attrs or {})))
     graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", et, list(x_shape))],
                               [helper.make_tensor_value_info("y", et, None)],
                               [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")])
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9).SerializeToString()
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
+    return helper.make_model(graph, opset_imports=opsets, ir_version=9).SerializeToString()
 
 
 def _session(model, threads):
@@ -76,7 +80,7 @@ def no_numpy_activation(monkeypatch):
 
 @needs_native
 @pytest.mark.parametrize("threads", [1, 2])
-@pytest.mark.parametrize("act, act_attrs", ACTS, ids=[a[0] for a in ACTS])
+@pytest.mark.parametrize("act, act_attrs", ACTS, ids=ACT_IDS)
 @pytest.mark.parametrize("x_shape, w_shape, attrs, kernel", LAYERS, ids=[f"{k}-{i}" for i, (*_, k) in enumerate(LAYERS)])
 def test_activation_in_the_compiled_epilogue_matches_onnxruntime(x_shape, w_shape, attrs, kernel, act, act_attrs,
                                                                  threads, monkeypatch, no_numpy_activation):
@@ -96,12 +100,29 @@ def test_activation_in_the_compiled_epilogue_matches_onnxruntime(x_shape, w_shap
         assert (want < 0).any()
     elif act == "HardSigmoid":
         assert (want == 0).any() and (want == 1).any()
+    elif act == "Sigmoid":
+        assert ((want > 0) & (want < 1)).all()
+    elif act == "QuickGelu":
+        assert (want < 0).any() and want.min() > -0.3
     else:
         assert (want == 0).any() and (want < 0).any()
 
 
 @needs_native
-@pytest.mark.parametrize("act, act_attrs", ACTS, ids=[a[0] for a in ACTS])
+@pytest.mark.parametrize("act, act_attrs", ACTS[3:], ids=ACT_IDS[3:])
+def test_sigmoid_and_quick_gelu_in_the_epilogue_agree_with_the_unfused_nodes(act, act_attrs):
+    """The epilogue's sigmoid is the compiled elementwise kernels' (vmath.h's exp, within
+    1-2 ulp of numpy's, which the Sigmoid node uses): the fused convolution gives the
+    values of Conv followed by the Sigmoid or QuickGelu node to a few ulp."""
+    for x_shape, w_shape, attrs, _ in LAYERS:
+        model = _model(x_shape, w_shape, attrs, act, act_attrs)
+        feeds = {"x": np.random.default_rng(10).standard_normal(x_shape).astype(np.float32)}
+        got = _session(model, 2).run(None, feeds)[0]
+        np.testing.assert_allclose(got, _unfused(model).run(None, feeds)[0], rtol=5e-7, atol=1e-7)
+
+
+@needs_native
+@pytest.mark.parametrize("act, act_attrs", ACTS, ids=ACT_IDS)
 def test_activation_in_the_epilogue_equals_the_numpy_paths(act, act_attrs, monkeypatch):
     """The compiled epilogue against the numpy paths (the activation applied by numpy
     after the products), layer by layer."""
@@ -116,7 +137,7 @@ def test_activation_in_the_epilogue_equals_the_numpy_paths(act, act_attrs, monke
 
 
 @needs_native
-@pytest.mark.parametrize("act, act_attrs", ACTS, ids=[a[0] for a in ACTS])
+@pytest.mark.parametrize("act, act_attrs", ACTS, ids=ACT_IDS)
 def test_float64_activations_match_the_reference_evaluator(act, act_attrs, no_numpy_activation):
     for x_shape, w_shape, attrs, kernel in LAYERS:
         if kernel in ("direct2d", "winograd3x3"):
@@ -130,13 +151,17 @@ def test_float64_activations_match_the_reference_evaluator(act, act_attrs, no_nu
             # float32 attribute; onnxrt's HardSwish, fused or not, takes 1/6 in float64
             c = ReferenceEvaluator(_model(x_shape, w_shape, attrs, dtype=np.float64)).run(None, feeds)[0]
             want = c * np.clip(c / 6 + 0.5, 0, 1)
+        elif act == "QuickGelu":  # com.microsoft's, which the reference does not know
+            # alpha travels as FusedConv's activation_params, a float32 attribute
+            c = ReferenceEvaluator(_model(x_shape, w_shape, attrs, dtype=np.float64)).run(None, feeds)[0]
+            want = c / (1 + np.exp(-float(np.float32(act_attrs.get("alpha", 1.702))) * c))
         else:
             want = ReferenceEvaluator(model).run(None, feeds)[0]
         np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
 
 
 @needs_native
-@pytest.mark.parametrize("act, act_attrs", ACTS, ids=[a[0] for a in ACTS])
+@pytest.mark.parametrize("act, act_attrs", ACTS, ids=ACT_IDS)
 def test_nan_and_infinity_through_the_new_activations(act, act_attrs, no_numpy_activation):
     """NaN stays NaN (LeakyRelu's NaN * alpha, the clips' comparisons), and the
     infinities go where the formulas send them, as in numpy."""
@@ -147,7 +172,8 @@ def test_nan_and_infinity_through_the_new_activations(act, act_attrs, no_numpy_a
     x[0, 1, 3, 3] = np.inf
     x[0, 2, 1, 1] = -np.inf
     with np.errstate(invalid="ignore"):
-        want = ReferenceEvaluator(model).run(None, {"x": x})[0]
+        # onnxruntime for com.microsoft's QuickGelu, which the reference does not know
+        want = _onnxruntime(model, {"x": x}) if act == "QuickGelu" else ReferenceEvaluator(model).run(None, {"x": x})[0]
         got = _session(model, 1).run(None, {"x": x})[0]
     assert np.isnan(want).any()
     np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
@@ -303,3 +329,23 @@ def test_gemm_followed_by_hard_swish_stays_two_nodes():
                               ir_version=9).SerializeToString()
     with pytest.raises(ort.Fail, match="FusedGemm does not take HardSwish"):
         _session(model, 1)
+
+
+@needs_native
+@pytest.mark.parametrize("act", [-1, 9])
+def test_kernels_refuse_an_activation_kind_they_do_not_have(act):
+    """Kinds 0-8 exist (none, Relu, Clip, LeakyRelu, HardSigmoid, HardSwish twice,
+    Sigmoid, QuickGelu); the kernels refuse the others by name."""
+    k = native.K
+    x = np.ones((1, 64, 14, 14), np.float32)
+    y = np.empty((1, 64, 14, 14), np.float32)
+    geo = native.conv_geometry(x.shape, 64, 1, (3, 3), (1, 1), (1, 1), (1, 1), (14, 14))
+    w = np.ones((64, 64 * 9), np.float32)
+    with pytest.raises(ValueError, match="conv2d: invalid geometry or activation"):
+        k.conv2d(x, w, None, None, y, geo, act, 0.0, 0.0, 1)
+    with pytest.raises(ValueError, match="direct2d: invalid activation"):
+        k.direct2d(x, w, None, None, y, geo, act, 0.0, 0.0, 1)
+    with pytest.raises(ValueError, match="winograd3x3: invalid geometry or activation"):
+        k.winograd3x3(x, np.ones((16, 64, 64), np.float32), None, None, y, geo, act, 0.0, 0.0, 1)
+    with pytest.raises(ValueError, match="depthwise2d: invalid geometry or activation"):
+        k.depthwise2d(x, np.ones((64, 9), np.float32), None, y, geo.window(), act, 0.0, 0.0, 1)

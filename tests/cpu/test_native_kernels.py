@@ -132,7 +132,7 @@ def test_bad_arguments_raise_typed_errors():
     with pytest.raises(ValueError, match="y holds 16 elements, at least 32 are needed"):
         k.depthwise2d(x, w, None, y[:, :1], geometry, 0, 0.0, 0.0, 1)
     with pytest.raises(ValueError, match="invalid geometry or activation"):
-        k.depthwise2d(x, w, None, y, geometry, 7, 0.0, 0.0, 1)
+        k.depthwise2d(x, w, None, y, geometry, 99, 0.0, 0.0, 1)  # kinds 0-8 exist
     with pytest.raises(ValueError, match="invalid geometry"):
         k.conv2d(x, w, None, None, y, conv._replace(m=3, groups=2), 0, 0.0, 0.0, 1)
     with pytest.raises(ValueError, match="w holds 18 elements"):

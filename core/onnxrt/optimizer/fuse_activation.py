@@ -13,7 +13,10 @@ without it keeps the two nodes. PaddlePaddle's exports spell HardSwish out as
 ``Div(Mul(c, Clip(Add(c, 3), 0, 6)), 6)`` (94 times in the PP-PicoDet layout model,
 four passes over each output); that becomes FusedConv's HardSwish with
 ``activation_params`` ``[3, 6]`` (offset and threshold, computed in the pattern's
-order: the same values as the four nodes).
+order: the same values as the four nodes). FusedConv takes com.microsoft QuickGelu
+too (``x * sigmoid(alpha x)``, alpha its one parameter; SiLU at alpha 1, which
+``quick_gelu_fusion`` makes of YOLO's 57 ``Mul(c, Sigmoid(c))`` after convolutions),
+again onnxrt's own.
 
 - ``conv_activation_fusion``: ``act(Conv(x, W, b))``, ``act(Conv(x, W, b) + z)`` and
   ``Conv(x, W, b) + z`` where ``z`` has exactly the convolution's shape (a residual)
@@ -23,8 +26,8 @@ order: the same values as the four nodes).
   the same addition. The residual is added to each tile of the output while it is
   in cache (MobileNetV2's ten projections with a skip: one pass over their outputs
   fewer).
-- ``gemm_activation_fusion``: ``act(Gemm(a, b, c))`` -> ``FusedGemm`` (not Clip or
-  HardSwish, which FusedGemm does not take).
+- ``gemm_activation_fusion``: ``act(Gemm(a, b, c))`` -> ``FusedGemm`` (not Clip,
+  HardSwish or QuickGelu, which FusedGemm does not take).
 """
 
 from __future__ import annotations
@@ -40,6 +43,8 @@ _F32 = np.finfo(np.float32)
 
 def activation_params(view: GraphView, act) -> list[float] | None:
     """``act``'s parameters as FusedConv wants them, or None if it cannot be fused."""
+    if act.domain == MS_DOMAIN and act.op_type == "QuickGelu":
+        return [float(act.attr("alpha", 1.702))]
     if act.domain != "":
         return None
     op = act.op_type
@@ -153,7 +158,7 @@ def gemm_activation_fusion(graph, ctx) -> bool:
         if len(gemm.outputs) != 1:
             continue
         act, params = _activation_after(view, gemm.outputs[0])
-        if act is None or act.op_type in ("Clip", "HardSwish"):
+        if act is None or act.op_type in ("Clip", "HardSwish", "QuickGelu"):
             continue
         extra = {}
         if params:

@@ -38,8 +38,8 @@ EXPECTED = {
                                           "com.microsoft:Attention": 2}),
     "bert_tiny": (256, 88, 39, {"com.microsoft:BiasGelu": 2, "com.microsoft:SkipLayerNormalization": 5,
                                  "com.microsoft:FusedGemm": 1, "com.microsoft:MultiHeadAttention": 2}),
-    # 19 Conv -> Sigmoid -> Mul (SiLU) activations become QuickGelu; two scalar Mul -> Add pairs a HardActivation each
-    "yolo_small": (270, 142, 86, {"com.microsoft:QuickGelu": 19}),
+    # 19 Conv -> Sigmoid -> Mul (SiLU) activations become QuickGelu, then FusedConv with it
+    "yolo_small": (270, 123, 67, {"com.microsoft:FusedConv": 19}),  # two Mul -> Add pairs: HardActivation
 }
 
 

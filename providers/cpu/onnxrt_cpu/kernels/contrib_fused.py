@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..registry import op
-from .activation import _sigmoid
+from .activation import _sigmoid, swish
 from .conv import Conv
 from .linalg import Gemm
 from ..select import clamp, relu, where
@@ -47,6 +47,12 @@ def _hard_swish(x, offset=None, threshold=None):
     return t
 
 
+def _quick_gelu(x, alpha=1.702):
+    # x * sigmoid(alpha x), as the QuickGelu kernel computes it
+    with np.errstate(over="ignore", invalid="ignore"):
+        return swish(np, x, alpha)
+
+
 def _elu(x, alpha=1.0):
     with np.errstate(over="ignore"):
         return np.where(x >= 0, x, x.dtype.type(alpha) * np.expm1(np.minimum(x, 0)))
@@ -69,6 +75,7 @@ ACTIVATIONS = {
     "Clip": (_clip, 2),
     "HardSigmoid": (_hard_sigmoid, 2),
     "HardSwish": (_hard_swish, 2),
+    "QuickGelu": (_quick_gelu, 1),
     "Elu": (_elu, 1),
     "ThresholdedRelu": (_thresholded, 1),
     "ScaledTanh": (_scaled_tanh, 2),
@@ -86,8 +93,8 @@ class _InPlace:
     """FusedConv's activation applied in place to a part of the output, and its form
     for the compiled kernels, ``native``: ``(kind, lo, hi)`` (kind 1 Relu, 2 Clip to
     ``[lo, hi]``, 3 LeakyRelu of alpha ``lo``, 4 HardSigmoid and 5 HardSwish of alpha
-    ``lo`` and beta ``hi``, 6 HardSwish as ``x * clip(x + lo, 0, hi) / hi``), or None
-    for the activations only numpy applies."""
+    ``lo`` and beta ``hi``, 6 HardSwish as ``x * clip(x + lo, 0, hi) / hi``, 7 Sigmoid,
+    8 QuickGelu of alpha ``lo``), or None for the activations only numpy applies."""
 
     __slots__ = ("name", "params", "inplace", "native")
 
@@ -107,6 +114,10 @@ class _InPlace:
             self.native = (4, float(params[0]), float(params[1]))
         elif name == "HardSwish":
             self.native = (6, float(params[0]), float(params[1])) if len(params) >= 2 else (5, 1.0 / 6.0, 0.5)
+        elif name == "Sigmoid":
+            self.native = (7, 0.0, 0.0)
+        elif name == "QuickGelu":
+            self.native = (8, float(params[0]) if params else 1.702, 0.0)
 
     def __call__(self, out: np.ndarray) -> None:
         if self.inplace is not None:
@@ -137,8 +148,9 @@ class FusedConv(Conv):
         self.activation = self.attrs.get("activation", "")
         self.params = [float(p) for p in self.attrs.get("activation_params", [])]
         need = ACTIVATIONS[self.activation][1] if self.activation else 0
-        # Clip's bounds and HardSwish's offset and threshold may be left out
-        if self.activation not in ("", "Clip", "HardSwish") and len(self.params) < need:
+        # Clip's bounds, HardSwish's offset and threshold and QuickGelu's alpha may be
+        # left out
+        if self.activation not in ("", "Clip", "HardSwish", "QuickGelu") and len(self.params) < need:
             raise ValueError(
                 f"{self.node.describe()}: {self.activation} needs {need} activation_params"
             )
@@ -182,7 +194,7 @@ class FusedGemm(Gemm):
                 float(a.get("activation_alpha", 0.2)),
                 float(a.get("activation_beta", 0.5)),
             ]
-        if self.activation in ("Clip", "HardSwish"):
+        if self.activation in ("Clip", "HardSwish", "QuickGelu"):
             raise ValueError(f"{self.node.describe()}: FusedGemm does not take {self.activation}")
 
     def run(self, a, b, c=None):

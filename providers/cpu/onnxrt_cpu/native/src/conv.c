@@ -189,7 +189,8 @@ PyDoc_STRVAR(conv2d_doc,
 "Convolution of x [N, C, H, W] with w [M, C / groups * kh * kw] (each group's rows\n"
 "together), plus the bias b [M] and the residual z (y's shape), each or None, then the\n"
 "activation act (0 none, 1 Relu, 2 Clip to [lo, hi], 3 LeakyRelu of alpha lo, 4 HardSigmoid,\n"
-"5 HardSwish of alpha lo and beta hi, 6 x * clip(x + lo, 0, hi) / hi), into y [N, M, OH, OW].\n"
+"5 HardSwish of alpha lo and beta hi, 6 x * clip(x + lo, 0, hi) / hi,\n"
+"7 Sigmoid, 8 x * sigmoid(lo * x)), into y [N, M, OH, OW].\n"
 "geometry is a ConvGeometry (n, c, h, w, m, groups, kh, kw, sh, sw, dh, dw, pad_top,\n"
 "pad_left, oh, ow); pads are at least 0, the padding value is 0. float32 or float64, all alike. Needs\n"
 "set_blas; runs on up to threads threads, without the GIL.");

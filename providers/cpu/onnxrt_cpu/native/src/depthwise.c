@@ -62,7 +62,7 @@ PyDoc_STRVAR(depthwise2d_doc,
 "depthwise2d(x, w, b, y, geometry, act, lo, hi, threads)\n\n"
 "Depthwise convolution of x [N, C, H, W] with w [C, kh * kw] and the bias b [C] (or\n"
 "None) into y [N, C, OH, OW], then the activation act (0 none, 1 Relu, 2 Clip to\n"
-"[lo, hi], 3-6 as conv2d's). geometry is a WindowGeometry (n, c, h, w, kh, kw, sh, sw, dh, dw, pad_top,\n"
+"[lo, hi], 3-8 as conv2d's). geometry is a WindowGeometry (n, c, h, w, kh, kw, sh, sw, dh, dw, pad_top,\n"
 "pad_left, oh, ow); the pads are at least 0 and the padding value is 0. float32 or float64, all\n"
 "alike. Runs on up to threads threads, without the GIL.");
 

@@ -231,7 +231,7 @@ PyDoc_STRVAR(direct2d_doc,
 "direct2d(x, w, b, z, y, geometry, act, lo, hi, threads)\n\n"
 "Direct convolution of x [N, C, H, W] (float32, group 1) with w [M, C * kh * kw], plus\n"
 "the bias b [M] and the residual z (y's shape), each or None, then the activation act\n"
-"(0 none, 1 Relu, 2 Clip to [lo, hi], 3-6 as conv2d's),\n"
+"(0 none, 1 Relu, 2 Clip to [lo, hi], 3-8 as conv2d's),\n"
 "into y [N, M, OH, OW]. geometry is a\n"
 "ConvGeometry of groups 1, pads at least 0, zero padding.\n"
 "Runs on up to threads threads, without the GIL.");

@@ -221,7 +221,7 @@ PyDoc_STRVAR(winograd3x3_doc,
 "3x3 convolution with stride 1 and dilation 1 of x [N, C, H, W] (float32) by F(2x2, 3x3):\n"
 "u [16, M, C] is the weight's transform G g G^T (element e = 4 i + j at u[e]), b [M]\n"
 "the bias and z (y's shape) the residual, each or None, then the activation act (0\n"
-"none, 1 Relu, 2 Clip to [lo, hi], 3-6 as conv2d's), into\n"
+"none, 1 Relu, 2 Clip to [lo, hi], 3-8 as conv2d's), into\n"
 "y [N, M, OH, OW]. geometry is a ConvGeometry\n"
 "of groups 1 and a 3x3 kernel of stride and dilation 1, pads at least 0, zero padding. Needs set_blas; runs on up\n"
 "to threads threads, without the GIL.");
