@@ -107,6 +107,8 @@ def test_feeds_the_quick_check_declines_get_the_full_checks_errors():
         dict(feeds, extra=feeds["x"]),
         dict(feeds, x=feeds["x"].reshape(3, 2)),
         dict(feeds, z=feeds["z"][:3]),  # N is 4 in y, 3 in z
+        dict(feeds, y=feeds["y"][None]),  # rank 3 for [N, 3]
+        dict(feeds, y=feeds["y"][:, :2]),  # [N, 2] for [N, 3]
     ]
     for f in declined:
         assert checker.check_fast(f) is None
@@ -122,6 +124,12 @@ def test_feeds_the_quick_check_declines_get_the_full_checks_errors():
         ours.run(None, declined[5])
     with pytest.raises(InvalidArgument, match="symbolic dimension 'N'"):
         ours.run(None, declined[6])
+    with pytest.raises(InvalidArgument, match="rank 3"):
+        ours.run(None, declined[7])
+    with pytest.raises(InvalidArgument, match="size 2 in dimension 1"):
+        ours.run(None, declined[8])
+    # other sizes of N, consistent across y and z, take the quick check
+    assert checker.check_fast(_feeds(7)) is not None
     with pytest.raises(InvalidArgument, match="unknown output"):
         ours.run(["nope"], feeds)
     with pytest.raises(InvalidArgument, match="must be a dict"):
