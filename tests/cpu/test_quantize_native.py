@@ -151,3 +151,64 @@ def test_qlinear_matmul_of_two_activations_matches_the_reference(a_shape, b_shap
                              mult, np.dtype(y_type), np.array(zp[y_type] - 7, y_type))
     if native.kernels().igemm_ready():
         np.testing.assert_array_equal(direct, want)
+
+
+def _conv_integer_model(x_shape, w, w_zp, x_zp, **attrs):
+    elems = {np.dtype(np.uint8): TensorProto.UINT8, np.dtype(np.int8): TensorProto.INT8}
+    inits = [numpy_helper.from_array(w, "w"), numpy_helper.from_array(np.asarray(x_zp[0], x_zp[1]), "xz"),
+             numpy_helper.from_array(w_zp, "wz")]
+    node = helper.make_node("ConvInteger", ["x", "w", "xz", "wz"], ["y"], **attrs)
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", elems[np.dtype(x_zp[1])], x_shape)],
+                              [helper.make_tensor_value_info("y", TensorProto.INT32, None)], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 10)], ir_version=9)
+
+
+def _centred_conv_reference(x, xz, w, wz, per_channel, **attrs):
+    """The convolution of the centred integers in float64 by onnx's reference Conv
+    (exact at these sizes)."""
+    xc = x.astype(np.float64) - float(xz)
+    wc = w.astype(np.float64) - (wz.astype(np.float64).reshape((-1,) + (1,) * (w.ndim - 1)) if per_channel
+                                 else float(wz))
+    node = helper.make_node("Conv", ["x", "w"], ["y"], **attrs)
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.DOUBLE, list(x.shape))],
+                              [helper.make_tensor_value_info("y", TensorProto.DOUBLE, None)],
+                              [numpy_helper.from_array(wc, "w")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 11)], ir_version=9)
+    return ReferenceEvaluator(model).run(None, {"x": xc})[0]
+
+
+@pytest.mark.parametrize("x_type,w_type", [(np.uint8, np.uint8), (np.uint8, np.int8), (np.int8, np.int8)])
+@pytest.mark.parametrize("case", [
+    dict(x=(1, 3, 33, 31), m=8, k=(3, 3), strides=[2, 2], pads=[1, 1, 1, 1]),   # an RGB stem at stride 2
+    dict(x=(2, 16, 12, 12), m=24, k=(3, 3), pads=[1, 1, 1, 1], dilations=[2, 2]),
+    dict(x=(1, 12, 9, 10), m=6, k=(1, 1)),
+    dict(x=(1, 8, 10, 10), m=8, k=(3, 3), group=2, pads=[0, 1, 2, 1]),
+    dict(x=(1, 4, 40), m=5, k=(5,), pads=[2, 2]),                              # 1-D
+], ids=["stem", "dilated", "pointwise", "grouped", "1d"])
+@pytest.mark.parametrize("per_channel", [False, True])
+def test_conv_integer_on_8bit_products_is_exact(x_type, w_type, case, per_channel, monkeypatch):
+    """ConvInteger by qconv8's int32 output (the numpy paths set aside where this CPU
+    has the 8-bit kernels): the exact sums of the centred integers."""
+    from onnxrt_cpu.conv import integer
+
+    if native.kernels().igemm_ready():
+        def refuse(*args, **kwargs):
+            raise AssertionError("the numpy path ran")
+
+        monkeypatch.setattr(integer.IntConvBase, "_accumulate", refuse)
+        monkeypatch.setattr(integer.IntConvBase, "_accumulate_rows", refuse)
+    rng = np.random.default_rng(9)
+    case = dict(case)
+    x_shape, m, k = case.pop("x"), case.pop("m"), case.pop("k")
+    cg = x_shape[1] // case.get("group", 1)
+    lo, hi = np.iinfo(w_type).min, np.iinfo(w_type).max
+    w = rng.integers(lo, hi + 1, (m, cg, *k)).astype(w_type)
+    w[0] = lo  # a whole channel at the type's edge
+    wz = np.asarray(rng.integers(lo // 2, hi // 2, m if per_channel else ()).astype(w_type))
+    xz = int(rng.integers(np.iinfo(x_type).min, np.iinfo(x_type).max))
+    model = _conv_integer_model(list(x_shape), w, wz, (xz, x_type), kernel_shape=list(k), **case)
+    x = rng.integers(np.iinfo(x_type).min, np.iinfo(x_type).max + 1, x_shape).astype(x_type)
+    got = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    want = _centred_conv_reference(x, xz, w, wz, per_channel, kernel_shape=list(k), **case)
+    assert got.dtype == np.int32
+    np.testing.assert_array_equal(got, want.astype(np.int64))

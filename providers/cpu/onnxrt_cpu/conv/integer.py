@@ -17,6 +17,7 @@ from .. import native, parallel
 from ..kernels.quantize import centred_bound, column_l1, requantize
 from . import channels_last
 from .channels_last import fill_channels_last, rows_product
+from .compiled import planes
 from .forward import convolve
 from .geometry import check_rank, conv_attributes, conv_pads, spatial_attrs
 from .packing import ConvWeights, is_constant_input, pair_count
@@ -193,6 +194,33 @@ class IntConvBase(Kernel):
         rows_product(xp, (kh, kw), (sh, sw), (oh, ow), paired, pairs, jobs, threads, out,
                      lambda a, b, dst: exact_product(a, b, kchunk, dst))
         return out, (n, oh, ow), bias is not None
+
+    def _native_int32(self, x, x_zero_point, w):
+        """ConvInteger's int32 accumulator by the compiled 8-bit convolution (qconv8's
+        int32 output: exact, wrapping as a 32-bit accumulator does), or None where it
+        does not take the node: a 2-D (or 1-D) map, the constant weight it packed,
+        a scalar input zero point of the input's 8-bit type, pads of at least 0."""
+        if self._w8 is None or self._packed[0] is not w or x.ndim not in (3, 4) \
+                or x.dtype not in (np.int8, np.uint8) or x.shape[1] != w.shape[1] * self.group or 0 in x.shape:
+            return None
+        zp = 0
+        if x_zero_point is not None:
+            xzp = np.asarray(x_zero_point)
+            if xzp.size != 1 or xzp.dtype != x.dtype:
+                return None  # the numpy path names what is wrong
+            zp = int(xzp.reshape(()))
+        kernel, strides, dil = spatial_attrs(self.attrs, x.ndim - 2, w.shape[2:])
+        pb, pe, out_sp = conv_pads(x.shape[2:], kernel, strides, dil, self.pads, self.auto_pad)
+        if min(pb) < 0 or min(pe) < 0 or 0 in out_sp:
+            return None
+        m = w.shape[0]
+        x4, g = planes(x, m, self.group, tuple(kernel), tuple(strides), tuple(dil), tuple(pb), tuple(out_sp))
+        y = np.empty((x.shape[0], m, *out_sp), np.int32)
+        try:
+            native.K.qconv8(x4, self._w8[0], self._w8[1], None, None, y, g, zp, 0, parallel.thread_count())
+        except MemoryError:
+            return None  # a kernel so large that a task's columns pass the compiled limit
+        return y
 
     def _constant_bias(self, b) -> bool:
         """Whether ``b`` is the node's constant bias (QLinearConv's input 8): what is

@@ -100,8 +100,12 @@ class ConvInteger(IntConvBase):
     """Integer convolution with zero points, accumulated exactly into int32."""
 
     x_index, w_index, wzp_index = 0, 1, 3
+    bytes_products = True
 
     def run(self, x, w, x_zero_point=None, w_zero_point=None):
+        y = self._native_int32(x, x_zero_point, w)
+        if y is not None:
+            return (y,)
         rows = self._accumulate_rows(x, x_zero_point, w)
         if rows is not None:
             acc, (n, oh, ow), _ = rows

@@ -47,6 +47,7 @@ typedef struct {
     const float *mult;       /* [1] or [m] */
     Py_ssize_t mult_n;
     float yzp;
+    int y_i32;               /* ConvInteger: the int32 sums out, not requantized */
     void *y;
     Py_ssize_t k, k4, cg, mg, L, chunk, chunks;
     int failed;
@@ -204,6 +205,10 @@ VNNI_TARGET static inline void q8_store(const q8_job *j, __m512i acc, Py_ssize_t
     __m512i v = _mm512_add_epi32(acc, _mm512_set1_epi32(j->colterm[m]));
     if (xs)
         v = _mm512_sub_epi32(v, _mm512_mullo_epi32(_mm512_set1_epi32(j->zw[m]), _mm512_loadu_si512(xs)));
+    if (j->y_i32) {
+        _mm512_mask_storeu_epi32(dst, mask, v);
+        return;
+    }
     __m512 f = _mm512_cvtepi32_ps(v);
     /* (acc + bias) * mult, each rounded once, as requantize_row does */
     f = _mm512_add_round_ps(f, _mm512_set1_ps(j->bias ? j->bias[m] : 0.0f),
@@ -231,10 +236,10 @@ VNNI_TARGET static inline void q8_store(const q8_job *j, __m512i acc, Py_ssize_t
 #define Q8_OUT(r)                                                                                    \
     do {                                                                                              \
         if (r < mr) {                                                                                 \
-            char *row = out + (m0 + r) * j->L;                                                        \
-            q8_store(j, a##r##0, gm + m0 + r, xs ? xs + p : NULL, mask0, row + p);                   \
+            char *row = out + (m0 + r) * j->L * osize;                                                \
+            q8_store(j, a##r##0, gm + m0 + r, xs ? xs + p : NULL, mask0, row + p * osize);           \
             if (mask1)                                                                                \
-                q8_store(j, a##r##1, gm + m0 + r, xs ? xs + p + 16 : NULL, mask1, row + p + 16);     \
+                q8_store(j, a##r##1, gm + m0 + r, xs ? xs + p + 16 : NULL, mask1, row + (p + 16) * osize); \
         }                                                                                             \
     } while (0)
 
@@ -244,7 +249,7 @@ VNNI_TARGET static inline void q8_store(const q8_job *j, __m512i acc, Py_ssize_t
 VNNI_TARGET static void q8_tile(const q8_job *j, const uint8_t *cols, Py_ssize_t ncols, const int32_t *xs,
                               Py_ssize_t gm, Py_ssize_t m0, int mr, Py_ssize_t p, int np, char *out)
 {
-    const Py_ssize_t kp = 4 * j->k4;
+    const Py_ssize_t kp = 4 * j->k4, osize = j->y_i32 ? 4 : 1;
     /* rows past mr repeat row 0's weights and are not stored */
     const int8_t *w0 = j->wt + (gm + m0) * kp;
     const int8_t *w1 = mr > 1 ? w0 + kp : w0, *w2 = mr > 2 ? w0 + 2 * kp : w0, *w3 = mr > 3 ? w0 + 3 * kp : w0;
@@ -338,7 +343,7 @@ VNNI_TARGET static void q8_task(void *arg, Py_ssize_t t)
             _mm512_storeu_si512(xs + p, s);
         }
     }
-    char *out = (char *)j->y + ((i * j->m + gi * j->mg) * j->L + p0);
+    char *out = (char *)j->y + ((i * j->m + gi * j->mg) * j->L + p0) * (j->y_i32 ? 4 : 1);
     for (Py_ssize_t m0 = 0; m0 < j->mg; m0 += Q8_MR) {
         const int mr = j->mg - m0 < Q8_MR ? (int)(j->mg - m0) : Q8_MR;
         for (Py_ssize_t p = 0; p < len; p += Q8_NR)
@@ -362,6 +367,8 @@ PyDoc_STRVAR(qconv8_doc,
 "or [1]: x_scale * w_scale / y_scale), into the 8-bit y [N, M, OH, OW] (int8 or\n"
 "uint8), as qconv2d: (acc + b) * mult rounded half to even, plus y_zero_point,\n"
 "saturated. The caller keeps every partial sum below 2**24. geometry as conv2d's.\n"
+"With y int32 (ConvInteger), b and mult None: the exact int32 sums themselves\n"
+"(wrapping past int32's range as a 32-bit accumulator does; no bound on the sums).\n"
 "AVX-512 VNNI only (igemm_ready()); runs on up to threads threads, without the GIL.");
 
 static PyObject *qconv8(PyObject *self, PyObject *args)
@@ -405,14 +412,30 @@ static PyObject *qconv8(PyObject *self, PyObject *args)
     nbuf x, w, z, b, mult, y;
     x.held = w.held = z.held = b.held = mult.held = y.held = 0;
     int32_t *colterm = NULL;
-    if (nb_int8_kind(xo, &j.x_signed, "qconv8: x") < 0 || nb_int8_kind(yo, &j.y_signed, "qconv8: y") < 0)
+    {
+        /* int32 y: ConvInteger's sums */
+        Py_buffer probe;
+        if (PyObject_GetBuffer(yo, &probe, PyBUF_FORMAT) == 0) {
+            const char *fmt = probe.format ? probe.format : "B";
+            const char code = fmt[strlen(fmt) - 1];
+            j.y_i32 = probe.itemsize == 4 && (code == 'i' || code == 'l');
+            PyBuffer_Release(&probe);
+        } else {
+            PyErr_Clear();
+        }
+    }
+    if (j.y_i32 && (bo != Py_None || mo != Py_None || yzp != 0)) {
+        PyErr_SetString(PyExc_ValueError, "qconv8: int32 y takes no bias, mult or y_zero_point");
+        return NULL;
+    }
+    if (nb_int8_kind(xo, &j.x_signed, "qconv8: x") < 0 || (!j.y_i32 && nb_int8_kind(yo, &j.y_signed, "qconv8: y") < 0))
         return NULL;
     if (nb_get(xo, &x, j.x_signed ? 'i' : 'u', 1, j.n * j.c * j.h * j.w, 0, 0, "qconv8: x") < 0 ||
         nb_get(wo, &w, 'i', 1, j.m * kp, 0, 0, "qconv8: w8") < 0 ||
         nb_get(zo, &z, 'i', 4, j.m, 0, 0, "qconv8: zw") < 0 ||
         nb_get(bo, &b, 'f', 4, j.m, 0, 1, "qconv8: b") < 0 ||
-        (j.mult_n = nb_get_ratio(mo, &mult, j.m, "qconv8")) < 0 ||
-        nb_get(yo, &y, j.y_signed ? 'i' : 'u', 1, out, 1, 0, "qconv8: y") < 0)
+        (!j.y_i32 && (j.mult_n = nb_get_ratio(mo, &mult, j.m, "qconv8")) < 0) ||
+        nb_get(yo, &y, j.y_i32 || j.y_signed ? 'i' : 'u', j.y_i32 ? 4 : 1, out, 1, 0, "qconv8: y") < 0)
         goto done;
     if (j.x_signed ? (xzp < -128 || xzp > 127) : xzp < 0) {
         PyErr_Format(PyExc_ValueError, "qconv8: x_zero_point %d outside the input's type", xzp);
@@ -424,7 +447,7 @@ static PyObject *qconv8(PyObject *self, PyObject *args)
     j.wt = w.view.buf;
     j.zw = z.view.buf;
     j.bias = b.held ? b.view.buf : NULL;
-    j.mult = mult.view.buf;
+    j.mult = mult.held ? mult.view.buf : NULL;
     j.y = y.view.buf;
     colterm = PyMem_RawMalloc((size_t)j.m * sizeof(int32_t));
     if (!colterm) {
