@@ -30,6 +30,8 @@ what the graph did:
 - ``dynamic_quant_matmul_fusion``: ``Mul(Cast(MatMulInteger(DynamicQuantizeLinear(x),
   W)), x_scale * w_scale) [+ bias]`` -> com.microsoft ``DynamicQuantizeMatMul`` (or
   ``MatMulIntegerToFloat`` when the quantized ``x`` has other readers).
+- ``dynamic_quant_conv_fusion``: ``[Relu](Mul(Cast(ConvInteger(x, W)), x_scale *
+  w_scale) [+ bias])`` -> onnxrt's ``ConvIntegerToFloat`` (``ai.onnxrt``).
 - ``qdq_constant_folding``: constant folding again, now including the
   ``DequantizeLinear`` nodes of constants, which level-1 folding keeps at level 2
   and above so that the fusions above can read the integers behind them.
@@ -50,6 +52,7 @@ from .patterns import MS_DOMAIN, ONNXRT_DOMAIN, GraphView, trim_inputs
 
 __all__ = [
     "dynamic_quant_attention_fusion",
+    "dynamic_quant_conv_fusion",
     "dynamic_quant_matmul_fusion",
     "qdq_binary_fusion",
     "qdq_constant_folding",
@@ -675,6 +678,78 @@ def dynamic_quant_matmul_fusion(graph, ctx) -> bool:
     return view.finish()
 
 
+def _channel_bias(b: np.ndarray | None, m: int, rank: int) -> bool:
+    """Whether the constant ``b`` is float32 with one value a channel, shaped to add to
+    an ``[N, M, ...]`` output of ``rank`` dimensions without changing its shape."""
+    if b is None or b.dtype != _F32 or b.size != m:
+        return False
+    return b.shape in ((1, m) + (1,) * (rank - 2), (m,) + (1,) * (rank - 2))
+
+
+def dynamic_quant_conv_fusion(graph, ctx) -> bool:
+    """``[Relu](Mul(Cast(ConvInteger(x, W, ...)), scale) [+ bias])``, the float end of
+    each dynamically quantized convolution that ``quantize_dynamic`` writes (the scale
+    ``x_scale * w_scale`` one value, the bias one a channel) -> onnxrt's
+    ``ConvIntegerToFloat`` (``ai.onnxrt``), which converts, scales, biases and clamps
+    the int32 sums where they are made, each in float32 and rounded as the ops round
+    them, instead of four passes over a float32 copy of the output."""
+    view = GraphView(graph, ctx)
+    for ci in view.candidates("ConvInteger"):
+        p = ci.provider
+        w = view.const(ci.inputs[1]) if len(ci.inputs) > 1 else None
+        if w is None or w.ndim < 3 or w.dtype not in _BYTE_TYPES:
+            continue
+        cast = view.only_reader(ci.outputs[0], "Cast")
+        if cast is None or cast.provider != p or int(cast.attr("to", 0)) != TensorProto.FLOAT:
+            continue
+        mul = view.only_reader(cast.outputs[0], "Mul")
+        if mul is None or mul.provider != p:
+            continue
+        scale = _other(mul, cast.outputs[0])
+        if not scale or not _scalar_scale(view, scale):
+            continue
+        old, out, bias = [ci, cast, mul], mul.outputs[0], ""
+        add = view.only_reader(out, "Add")
+        if add is not None and add.provider == p:
+            b_name = _other(add, out)
+            if b_name and _channel_bias(view.const(b_name), w.shape[0], w.ndim):
+                bias = b_name
+                old.append(add)
+                out = add.outputs[0]
+        relu = view.only_reader(out, "Relu")
+        fuse_relu = relu is not None and relu.provider == p
+        if fuse_relu:
+            old.append(relu)
+            out = relu.outputs[0]
+        ins = list(ci.inputs) + [""] * (4 - len(ci.inputs))
+        fused = view.make_node("ConvIntegerToFloat", trim_inputs(ins[:4] + [scale, bias]), [out], ci.name,
+                               domain=ONNXRT_DOMAIN, relu=int(fuse_relu))
+        for k, v in ci.attrs.items():
+            fused.attrs[k] = v
+        view.replace(old, [fused])
+    return view.finish()
+
+
+def _scalar_scale(view: GraphView, name: str) -> bool:
+    """Whether ``name`` is one float32 value of rank 0: a constant, or the product of
+    a DynamicQuantizeLinear's scale and a rank-0 constant (its weight's scale)."""
+    c = view.const(name)
+    if c is not None:
+        return c.dtype == _F32 and c.ndim == 0
+    mul = view.producer(name, "Mul")
+    if mul is None or len(mul.inputs) != 2:
+        return False
+    kinds = []
+    for i in mul.inputs:
+        ic = view.const(i)
+        if ic is not None:
+            kinds.append(ic.dtype == _F32 and ic.ndim == 0)
+        else:
+            dql = view.producer(i, "DynamicQuantizeLinear")
+            kinds.append(dql is not None and len(dql.outputs) > 1 and dql.outputs[1] == i)
+    return all(kinds)
+
+
 def dynamic_quant_attention_fusion(graph, ctx) -> bool:
     """``QAttention(DynamicQuantizeLinear(x))`` -> onnxrt's ``DynamicQuantizeAttention``
     (``ai.onnxrt``), which quantizes the float32 input itself: what
@@ -740,4 +815,5 @@ def register(reg) -> None:
     reg.add("qdq_drop_fusion", qdq_drop_fusion, extended)
     reg.add("dynamic_quant_matmul_fusion", dynamic_quant_matmul_fusion, extended)
     reg.add("dynamic_quant_attention_fusion", dynamic_quant_attention_fusion, extended)
+    reg.add("dynamic_quant_conv_fusion", dynamic_quant_conv_fusion, extended)
     reg.add("qdq_constant_folding", qdq_constant_folding, extended)

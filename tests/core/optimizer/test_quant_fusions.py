@@ -389,6 +389,76 @@ def test_dynamic_chain_not_fused_when_an_intermediate_is_read_elsewhere():
     assert ops(session(m, ALL))["MatMulInteger"] == 1
 
 
+def _dynamic_conv_model(bias_shape=(1, 8, 1, 1), relu=True, extra_output=None, wtype=np.uint8):
+    """A dynamically quantized convolution as quantize_dynamic writes it (IS-Net's):
+    ``Relu(Mul(Cast(ConvInteger(DynamicQuantizeLinear(x), W)), x_scale * w_scale) + b)``."""
+    rng = np.random.default_rng(8)
+    lo, hi = np.iinfo(wtype).min, np.iinfo(wtype).max
+    inits = {"w": rng.integers(lo, hi + 1, (8, 4, 3, 3)).astype(wtype), "wz": wtype(hi // 2 + 1),
+             "ws": np.float32(0.004), "b": rng.standard_normal(bias_shape).astype(np.float32)}
+    nodes = [
+        helper.make_node("DynamicQuantizeLinear", ["x"], ["xq", "xs", "xz"]),
+        helper.make_node("Mul", ["xs", "ws"], ["scale"]),
+        helper.make_node("ConvInteger", ["xq", "w", "xz", "wz"], ["acc"], pads=[1, 1, 1, 1], strides=[2, 1]),
+        helper.make_node("Cast", ["acc"], ["accf"], to=TensorProto.FLOAT),
+        helper.make_node("Mul", ["accf", "scale"], ["mm"]),
+        helper.make_node("Add", ["mm", "b"], ["biased"]),
+    ]
+    nodes.append(helper.make_node("Relu", ["biased"], ["y"]) if relu else helper.make_node("Identity", ["biased"], ["y"]))
+    outs = [vi("y", None)] + ([vi(extra_output, None)] if extra_output else [])
+    return model(nodes, [vi("x", [2, 4, 11, 10])], outs, inits.items(), opset=13)
+
+
+@pytest.mark.parametrize("relu", [True, False])
+@pytest.mark.parametrize("wtype", [np.uint8, np.int8])
+def test_dynamic_quantized_conv_chain_is_fused(relu, wtype):
+    m = _dynamic_conv_model(relu=relu, wtype=wtype)
+    fused = session(m, ALL)
+    counts = ops(fused)
+    assert counts["ai.onnxrt:ConvIntegerToFloat"] == 1, counts
+    assert not {"ConvInteger", "Cast", "Add", "Relu"} & set(counts), counts
+    feeds = _x([2, 4, 11, 10], seed=3)
+    got = fused.run(None, feeds)[0]
+    # the same int32 sums, converted, scaled, biased and clamped as the four ops: bit for bit
+    np.testing.assert_array_equal(got, session(m, OFF).run(None, feeds)[0])
+    if wtype == np.uint8:  # (onnxruntime's ConvInteger takes uint8 weights)
+        want = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+        np.testing.assert_array_equal(got, want)
+
+
+def test_dynamic_quantized_conv_fused_op_runs_its_numpy_path(monkeypatch):
+    """Where the compiled convolution does not take the node, the fused op computes
+    the same values on the numpy path."""
+    from onnxrt_cpu.conv import integer
+
+    monkeypatch.setattr(integer.IntConvBase, "_native_int32", lambda self, *a, **k: None)
+    m = _dynamic_conv_model()
+    fused = session(m, ALL)
+    assert ops(fused)["ai.onnxrt:ConvIntegerToFloat"] == 1
+    feeds = _x([2, 4, 11, 10], seed=4)
+    np.testing.assert_array_equal(fused.run(None, feeds)[0], session(m, OFF).run(None, feeds)[0])
+
+
+@pytest.mark.parametrize("kw", [dict(bias_shape=(8,)), dict(bias_shape=(1, 1, 8, 1, 1)), dict(extra_output="accf")])
+def test_dynamic_quantized_conv_kept_where_the_fused_op_would_differ(kw):
+    """A bias that does not add one value a channel without changing the output's
+    shape (an [8] bias adds along the last axis), or an intermediate read
+    elsewhere: the Add (or the whole chain) stays as written."""
+    m = _dynamic_conv_model(**kw)
+    counts = ops(session(m, ALL))
+    if "extra_output" in kw:
+        assert "ai.onnxrt:ConvIntegerToFloat" not in counts and counts["ConvInteger"] == 1, counts
+    else:
+        assert counts["Add"] == 1, counts
+    feeds = {"x": np.random.default_rng(5).standard_normal((2, 4, 11, 10)).astype(np.float32)}
+    if kw.get("bias_shape") == (8,):
+        feeds = {"x": np.random.default_rng(5).standard_normal((2, 4, 11, 8)).astype(np.float32)}
+        m = _dynamic_conv_model(**kw)
+        m.graph.input[0].type.tensor_type.shape.dim[3].dim_value = 8
+    for g, w in zip(session(m, ALL).run(None, feeds), session(m, OFF).run(None, feeds)):
+        np.testing.assert_array_equal(g, w)
+
+
 def _dynamic_attention_model(wtype=np.int8, shared=None, weight_scale="ws"):
     """``QAttention(DynamicQuantizeLinear(x))`` as quantize_dynamic writes it for BERT
     (two heads of 4, a key mask); ``shared`` names a DynamicQuantizeLinear output that

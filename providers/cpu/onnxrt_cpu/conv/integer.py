@@ -195,11 +195,13 @@ class IntConvBase(Kernel):
                      lambda a, b, dst: exact_product(a, b, kchunk, dst))
         return out, (n, oh, ow), bias is not None
 
-    def _native_int32(self, x, x_zero_point, w):
+    def _native_int32(self, x, x_zero_point, w, out_dtype=np.int32, mult=None, bias=None, relu=False):
         """ConvInteger's int32 accumulator by the compiled 8-bit convolution (qconv8's
         int32 output: exact, wrapping as a 32-bit accumulator does), or None where it
         does not take the node: a 2-D (or 1-D) map, the constant weight it packed,
-        a scalar input zero point of the input's 8-bit type, pads of at least 0."""
+        a scalar input zero point of the input's 8-bit type, pads of at least 0.
+        With ``out_dtype`` float32: those sums converted, times ``mult`` (float32
+        [1]), plus ``bias`` (float32 [M] or None), Relu'd where ``relu``."""
         if self._w8 is None or self._packed[0] is not w or x.ndim not in (3, 4) \
                 or x.dtype not in (np.int8, np.uint8) or x.shape[1] != w.shape[1] * self.group or 0 in x.shape:
             return None
@@ -215,9 +217,9 @@ class IntConvBase(Kernel):
             return None
         m = w.shape[0]
         x4, g = planes(x, m, self.group, tuple(kernel), tuple(strides), tuple(dil), tuple(pb), tuple(out_sp))
-        y = np.empty((x.shape[0], m, *out_sp), np.int32)
+        y = np.empty((x.shape[0], m, *out_sp), out_dtype)
         try:
-            native.K.qconv8(x4, self._w8[0], self._w8[1], None, None, y, g, zp, 0, parallel.thread_count())
+            native.K.qconv8(x4, self._w8[0], self._w8[1], bias, mult, y, g, zp, 0, parallel.thread_count(), relu)
         except MemoryError:
             return None  # a kernel so large that a task's columns pass the compiled limit
         return y

@@ -42,10 +42,12 @@ from .quantize import (
     int_matmul_f32,
     requantize,
 )
+from ..conv.integer import IntConvBase
 from ..rows import columns_op, plane_sum, row_op
 from ..select import byte_lookup, clip
 
 __all__ = [
+    "ConvIntegerToFloat",
     "DynamicQuantizeMatMul",
     "MatMulIntegerToFloat",
     "QGemm",
@@ -852,3 +854,60 @@ class DynamicQuantizeMatMul(Kernel):
         if row_op(np.multiply, y, scale) is None:  # a scalar scale, or one per batch item
             y *= scale
         return (_bias(y, bias, desc),)
+
+
+@op("ConvIntegerToFloat", since=1, domain="ai.onnxrt")
+class ConvIntegerToFloat(IntConvBase):
+    """onnxrt's dynamically quantized convolution's float end (made only by
+    ``dynamic_quant_conv_fusion``): ``[Relu](float32(ConvInteger(x, w, x_zero_point,
+    w_zero_point)) * scale [+ bias])`` with ConvInteger's attributes, ``scale`` one
+    float32 value, ``bias`` float32 one a channel (``[1, M, 1, ...]`` or ``[M, 1,
+    ...]``) and ``relu`` 0 or 1: each op's float32 rounding, in the compiled 8-bit
+    convolution's tiles where it takes the node."""
+
+    x_index, w_index, wzp_index = 0, 1, 3
+    bytes_products = True
+
+    def setup(self):
+        super().setup()
+        self.relu = bool(self.attrs.get("relu", 0))
+        self._vectors = None  # (scale, bias, their float32 vectors) of the last run
+
+    def run(self, x, w, x_zero_point=None, w_zero_point=None, scale=None, bias=None):
+        if scale is None:
+            raise ValueError(f"{self.node.describe()}: the scale input is missing")
+        m = w.shape[0]
+        y = self._native_float(x, x_zero_point, w, scale, bias, m)
+        if y is not None:
+            return (y,)
+        from .conv import ConvInteger
+
+        acc = ConvInteger.run(self, x, w, x_zero_point, w_zero_point)[0]
+        # the Cast, Mul, Add and Relu the fusion replaced, as their kernels compute them
+        v = acc.astype(np.float32)
+        v = np.multiply(v, scale)
+        if bias is not None:
+            v = np.add(v, bias)
+        if self.relu:
+            np.maximum(v, np.float32(0), out=v)
+        return (v,)
+
+    def _native_float(self, x, x_zero_point, w, scale, bias, m):
+        """The whole node by qconv8's float32 output, or None where it does not take it
+        (a scale that is not one finite float32 value, a bias not one a channel, or
+        what :meth:`_native_int32` refuses)."""
+        if type(scale) is not np.ndarray or scale.dtype != np.float32 or scale.size != 1 \
+                or not math.isfinite(float(scale.reshape(()))):
+            return None
+        if bias is not None and (type(bias) is not np.ndarray or bias.dtype != np.float32 or bias.size != m
+                                 or bias.ndim > x.ndim or bias.shape[-x.ndim + 1:] != (m,) + (1,) * (x.ndim - 2)):
+            return None
+        kept = self._vectors
+        if kept is not None and kept[0] is scale and kept[1] is bias:
+            mult, b = kept[2], kept[3]
+        else:
+            mult = scale.reshape(1).copy()
+            b = None if bias is None else np.ascontiguousarray(bias.reshape(m))
+            if bias is None or bias is self.node.constants.get(5):
+                self._vectors = (scale, bias, mult, b)  # a fed array may change: never kept
+        return self._native_int32(x, x_zero_point, w, out_dtype=np.float32, mult=mult, bias=b, relu=self.relu)

@@ -48,6 +48,8 @@ typedef struct {
     Py_ssize_t mult_n;
     float yzp;
     int y_i32;               /* ConvInteger: the int32 sums out, not requantized */
+    int y_f32;               /* its float32 product: float(sum) * mult + bias, Relu'd where relu */
+    int relu;
     void *y;
     Py_ssize_t k, k4, cg, mg, L, chunk, chunks;
     int failed;
@@ -209,6 +211,17 @@ VNNI_TARGET static inline void q8_store(const q8_job *j, __m512i acc, Py_ssize_t
         _mm512_mask_storeu_epi32(dst, mask, v);
         return;
     }
+    if (j->y_f32) {
+        /* Cast, Mul and Add as the three ops do them: each rounded once */
+        __m512 f = _mm512_mul_round_ps(_mm512_cvtepi32_ps(v), _mm512_set1_ps(j->mult[j->mult_n > 1 ? m : 0]),
+                                       _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        if (j->bias)
+            f = _mm512_add_round_ps(f, _mm512_set1_ps(j->bias[m]), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        if (j->relu)
+            f = _mm512_max_ps(f, _mm512_setzero_ps()); /* -0.0 to +0.0, as Relu */
+        _mm512_mask_storeu_ps(dst, mask, f);
+        return;
+    }
     __m512 f = _mm512_cvtepi32_ps(v);
     /* (acc + bias) * mult, each rounded once, as requantize_row does */
     f = _mm512_add_round_ps(f, _mm512_set1_ps(j->bias ? j->bias[m] : 0.0f),
@@ -249,7 +262,7 @@ VNNI_TARGET static inline void q8_store(const q8_job *j, __m512i acc, Py_ssize_t
 VNNI_TARGET static void q8_tile(const q8_job *j, const uint8_t *cols, Py_ssize_t ncols, const int32_t *xs,
                               Py_ssize_t gm, Py_ssize_t m0, int mr, Py_ssize_t p, int np, char *out)
 {
-    const Py_ssize_t kp = 4 * j->k4, osize = j->y_i32 ? 4 : 1;
+    const Py_ssize_t kp = 4 * j->k4, osize = j->y_i32 || j->y_f32 ? 4 : 1;
     /* rows past mr repeat row 0's weights and are not stored */
     const int8_t *w0 = j->wt + (gm + m0) * kp;
     const int8_t *w1 = mr > 1 ? w0 + kp : w0, *w2 = mr > 2 ? w0 + 2 * kp : w0, *w3 = mr > 3 ? w0 + 3 * kp : w0;
@@ -343,7 +356,7 @@ VNNI_TARGET static void q8_task(void *arg, Py_ssize_t t)
             _mm512_storeu_si512(xs + p, s);
         }
     }
-    char *out = (char *)j->y + ((i * j->m + gi * j->mg) * j->L + p0) * (j->y_i32 ? 4 : 1);
+    char *out = (char *)j->y + ((i * j->m + gi * j->mg) * j->L + p0) * (j->y_i32 || j->y_f32 ? 4 : 1);
     for (Py_ssize_t m0 = 0; m0 < j->mg; m0 += Q8_MR) {
         const int mr = j->mg - m0 < Q8_MR ? (int)(j->mg - m0) : Q8_MR;
         for (Py_ssize_t p = 0; p < len; p += Q8_NR)
@@ -359,7 +372,7 @@ VNNI_TARGET static void q8_task(void *arg, Py_ssize_t t)
 #define Q8_SCRATCH_LIMIT (64.0 * 1024 * 1024)
 
 PyDoc_STRVAR(qconv8_doc,
-"qconv8(x, w8, zw, b, mult, y, geometry, x_zero_point, y_zero_point, threads)\n\n"
+"qconv8(x, w8, zw, b, mult, y, geometry, x_zero_point, y_zero_point, threads, relu=False)\n\n"
 "QLinearConv of the 8-bit x [N, C, H, W] (int8 or uint8) with the int8 weight w8\n"
 "[M, kp] (each row C / groups * kh * kw values, then zeros to kp, a multiple of 4;\n"
 "uint8 weights shifted by -128) whose zero points, in the same domain, are zw\n"
@@ -369,14 +382,17 @@ PyDoc_STRVAR(qconv8_doc,
 "saturated. The caller keeps every partial sum below 2**24. geometry as conv2d's.\n"
 "With y int32 (ConvInteger), b and mult None: the exact int32 sums themselves\n"
 "(wrapping past int32's range as a 32-bit accumulator does; no bound on the sums).\n"
+"With y float32: those sums converted, times mult, plus b (each rounded once), then\n"
+"max(v, 0) where relu is true (ConvInteger, Cast, Mul, Add and Relu; y_zero_point 0).\n"
 "AVX-512 VNNI only (igemm_ready()); runs on up to threads threads, without the GIL.");
 
 static PyObject *qconv8(PyObject *self, PyObject *args)
 {
     PyObject *xo, *wo, *zo, *bo, *mo, *yo, *go;
     conv_geometry g;
-    int threads, xzp, yzp;
-    if (!PyArg_ParseTuple(args, "OOOOOOOiii:qconv8", &xo, &wo, &zo, &bo, &mo, &yo, &go, &xzp, &yzp, &threads) ||
+    int threads, xzp, yzp, relu = 0;
+    if (!PyArg_ParseTuple(args, "OOOOOOOiii|p:qconv8", &xo, &wo, &zo, &bo, &mo, &yo, &go, &xzp, &yzp, &threads,
+                          &relu) ||
         conv_geometry_get(go, &g, "qconv8") < 0)
         return NULL;
     if (!vnni_ready()) {
@@ -419,6 +435,7 @@ static PyObject *qconv8(PyObject *self, PyObject *args)
             const char *fmt = probe.format ? probe.format : "B";
             const char code = fmt[strlen(fmt) - 1];
             j.y_i32 = probe.itemsize == 4 && (code == 'i' || code == 'l');
+            j.y_f32 = probe.itemsize == 4 && code == 'f';
             PyBuffer_Release(&probe);
         } else {
             PyErr_Clear();
@@ -428,14 +445,21 @@ static PyObject *qconv8(PyObject *self, PyObject *args)
         PyErr_SetString(PyExc_ValueError, "qconv8: int32 y takes no bias, mult or y_zero_point");
         return NULL;
     }
-    if (nb_int8_kind(xo, &j.x_signed, "qconv8: x") < 0 || (!j.y_i32 && nb_int8_kind(yo, &j.y_signed, "qconv8: y") < 0))
+    if ((j.y_f32 && (mo == Py_None || yzp != 0)) || (relu && !j.y_f32)) {
+        PyErr_SetString(PyExc_ValueError, "qconv8: float32 y takes mult, no y_zero_point; relu only with it");
+        return NULL;
+    }
+    j.relu = relu;
+    if (nb_int8_kind(xo, &j.x_signed, "qconv8: x") < 0 ||
+        (!j.y_i32 && !j.y_f32 && nb_int8_kind(yo, &j.y_signed, "qconv8: y") < 0))
         return NULL;
     if (nb_get(xo, &x, j.x_signed ? 'i' : 'u', 1, j.n * j.c * j.h * j.w, 0, 0, "qconv8: x") < 0 ||
         nb_get(wo, &w, 'i', 1, j.m * kp, 0, 0, "qconv8: w8") < 0 ||
         nb_get(zo, &z, 'i', 4, j.m, 0, 0, "qconv8: zw") < 0 ||
         nb_get(bo, &b, 'f', 4, j.m, 0, 1, "qconv8: b") < 0 ||
         (!j.y_i32 && (j.mult_n = nb_get_ratio(mo, &mult, j.m, "qconv8")) < 0) ||
-        nb_get(yo, &y, j.y_i32 || j.y_signed ? 'i' : 'u', j.y_i32 ? 4 : 1, out, 1, 0, "qconv8: y") < 0)
+        nb_get(yo, &y, j.y_f32 ? 'f' : j.y_i32 || j.y_signed ? 'i' : 'u', j.y_i32 || j.y_f32 ? 4 : 1, out, 1, 0,
+               "qconv8: y") < 0)
         goto done;
     if (j.x_signed ? (xzp < -128 || xzp > 127) : xzp < 0) {
         PyErr_Format(PyExc_ValueError, "qconv8: x_zero_point %d outside the input's type", xzp);
