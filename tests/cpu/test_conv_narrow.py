@@ -51,8 +51,8 @@ ACTIVATIONS = [
     ("Clip", [-0.5, 0.75], ("Clip", None)),
     ("LeakyRelu", [0.1], ("LeakyRelu", {"alpha": 0.1})),
     ("HardSigmoid", [0.3, 0.4], ("HardSigmoid", {"alpha": 0.3, "beta": 0.4})),
-    ("Sigmoid", [], ("Sigmoid", {})),  # not the kernel's: numpy applies it afterwards
-    ("Tanh", [], ("Tanh", {})),
+    ("Sigmoid", [], ("Sigmoid", {})),  # lane by lane through the epilogue's exp
+    ("Tanh", [], ("Tanh", {})),  # not the kernel's: numpy applies it afterwards
 ]
 
 
@@ -215,13 +215,30 @@ def test_activation_forms():
     assert narrow_activation(Act("Elu", [1.0])) is None
     # a compiled form given by the activation itself wins, one past the kernel's does not
     assert narrow_activation(Act("HardSwish", [], (5, 1 / 6, 0.5))) == (5, 1 / 6, 0.5)
+    assert narrow_activation(Act("Sigmoid", [], (7, 0.0, 0.0))) == (7, 0.0, 0.0)
     assert narrow_activation(Act("Other", [], (9, 0.0, 0.0))) is None
 
 
+def _sigmoid(v):
+    return np.float32(1) / (np.float32(1) + np.exp(-v))
+
+
+#: The compiled kinds past FusedConv's own activations, as numpy computes them:
+#: (kind, p0, p1, function of the plain convolution's output)
+_FORMS = [
+    (5, 1 / 6, 0.5, lambda v: v * np.clip(v * np.float32(1 / 6) + np.float32(0.5), 0, 1)),
+    (6, 3.0, 6.0, lambda v: v * np.clip(v + np.float32(3), 0, 6) / np.float32(6)),
+    (7, 0.0, 0.0, _sigmoid),
+    (8, 1.702, 0.0, lambda v: v * _sigmoid(np.float32(1.702) * v)),
+]
+
+
 @needs_native
-def test_hard_swish_form_matches_numpy():
-    """Kind 5 (HardSwish, the form a fused Conv + HardSwish would hand over) against
-    numpy on the kernel's own convolution without an activation."""
+@pytest.mark.parametrize("kind, p0, p1, fn", _FORMS, ids=["hard-swish", "hard-swish-div", "sigmoid", "silu"])
+def test_compiled_forms_match_numpy(kind, p0, p1, fn):
+    """The kinds a fused Conv + HardSwish, Sigmoid or QuickGelu hands over, against
+    numpy on the kernel's own convolution without an activation, partial vectors
+    (45 columns) included."""
     from onnxrt_cpu.conv.compiled import native_geometry
     from onnxrt_cpu.conv.packing import ConvWeights
 
@@ -233,9 +250,8 @@ def test_hard_swish_form_matches_numpy():
     plain = np.empty((1, 21, 19, 45), np.float32)
     native.K.narrow_conv2d(x4, wp.gemm, b, None, plain, g, 0, 0.0, 0.0, 2)
     got = np.empty_like(plain)
-    native.K.narrow_conv2d(x4, wp.gemm, b, None, got, g, 5, 1 / 6, 0.5, 2)
-    want = plain * np.clip(plain * np.float32(1 / 6) + np.float32(0.5), 0, 1)
-    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+    native.K.narrow_conv2d(x4, wp.gemm, b, None, got, g, kind, p0, p1, 2)
+    np.testing.assert_allclose(got, fn(plain), rtol=1e-5, atol=1e-6)
     assert (plain < -3).any() and (plain > 3).any()
 
 
@@ -249,7 +265,7 @@ def test_bad_arguments_are_refused():
     x4, g = native_geometry(x, wp, (1, 1), (1, 1), (0, 0), (0, 0), (6, 6), 0)
     y = np.empty((1, 8, 6, 6), np.float32)
     with pytest.raises(ValueError, match="activation"):
-        native.K.narrow_conv2d(x4, wp.gemm, None, None, y, g, 6, 0.0, 0.0, 1)
+        native.K.narrow_conv2d(x4, wp.gemm, None, None, y, g, 9, 0.0, 0.0, 1)
     with pytest.raises(TypeError, match="narrow_conv2d: y"):
         native.K.narrow_conv2d(x4, wp.gemm, None, None, y.astype(np.float64), g, 0, 0.0, 0.0, 1)
     big = ConvWeights(np.zeros((8, 8, 3, 3), np.float32), 1, np.float32)

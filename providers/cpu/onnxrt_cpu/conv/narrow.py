@@ -27,8 +27,9 @@ NARROW_MAX_K = 32
 #: the work is a few microseconds on any path.
 _NARROW_MIN_POSITIONS = 64
 
-#: The compiled kernel's activation numbers (epilogue.h's).
-_RELU, _CLIP, _LEAKY, _HARD_SIGMOID, _HARD_SWISH = 1, 2, 3, 4, 5
+#: The compiled kernel's activation numbers (epilogue.h's), and the last it knows.
+_RELU, _CLIP, _LEAKY, _HARD_SIGMOID = 1, 2, 3, 4
+_LAST = 8
 
 
 def narrow_pays(x, wp, kernel, strides, pb, pe, out_sp) -> bool:
@@ -49,14 +50,16 @@ def narrow_pays(x, wp, kernel, strides, pb, pe, out_sp) -> bool:
 
 def narrow_activation(activation):
     """``(kind, p0, p1)`` of a FusedConv activation the narrow kernel applies, or
-    None where only numpy does: its ``native`` form where it has one, else by its
-    name and parameters (Relu, Clip, LeakyRelu, HardSigmoid); ``(0, 0, 0)`` for none."""
+    None where only numpy does: its ``native`` form where it has one (the compiled
+    epilogue's kinds 1 to 8: Relu, Clip, LeakyRelu, HardSigmoid, both HardSwish
+    spellings, Sigmoid, SiLU/QuickGelu), else by its name and parameters (Relu,
+    Clip, LeakyRelu, HardSigmoid); ``(0, 0, 0)`` for none."""
     if activation is None:
         return (0, 0.0, 0.0)
     form = getattr(activation, "native", None)
     if form is not None:
         kind = int(form[0])
-        return (kind, float(form[1]), float(form[2])) if 0 <= kind <= _HARD_SWISH else None
+        return (kind, float(form[1]), float(form[2])) if 0 <= kind <= _LAST else None
     name = getattr(activation, "name", None)
     params = list(getattr(activation, "params", None) or [])
     if name == "Relu":

@@ -20,9 +20,17 @@ typedef int32_t nmask __attribute__((vector_size(64)));
 #define NLANES 16
 #define NMB 8 /* output channels a block */
 
-/* The activations this kernel applies, numbered as epilogue.h's: FusedConv's
- * piecewise-linear ones and HardSwish. */
-enum { NACT_NONE = 0, NACT_RELU = 1, NACT_CLIP = 2, NACT_LEAKY = 3, NACT_HARDSIGMOID = 4, NACT_HARDSWISH = 5 };
+/* The fused activations: epilogue.h's (ACT_NONE .. ACT_LAST, parameters p0 and p1 as
+ * its lo and hi), the piecewise-linear ones on whole vectors, Sigmoid and SiLU lane
+ * by lane through its activate_f32. */
+#define T float
+#define SFX(name) name##_f32
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wunused-function" /* only activate_f32 is used here */
+#include "epilogue.h"
+#pragma GCC diagnostic pop
+#undef T
+#undef SFX
 
 /* Longest reduction (input channels times taps) the kernel takes. */
 #define NARROW_MAX_K 64
@@ -45,34 +53,45 @@ static inline __attribute__((always_inline)) nvec nblend(nmask m, nvec a, nvec b
     return (nvec)(((nmask)a & m) | ((nmask)b & ~m));
 }
 
-/* The activation on one vector; NaN stays NaN, as in numpy's versions. */
+/* A piecewise-linear activation on one vector (not Sigmoid or SiLU); NaN stays NaN,
+ * as in numpy's versions and epilogue.h's. */
 static inline __attribute__((always_inline)) nvec nactivate(nvec v, int act, float p0, float p1)
 {
     const nvec zero = {0};
-    if (act == NACT_RELU)
+    if (act == ACT_RELU)
         return nblend(v < zero, zero, v);
-    if (act == NACT_CLIP) {
+    if (act == ACT_CLIP) {
         const nvec lo = zero + p0, hi = zero + p1;
         v = nblend(v < lo, lo, v);
         return nblend(v > hi, hi, v);
     }
-    if (act == NACT_LEAKY)
+    if (act == ACT_LEAKY)
         return nblend(v >= zero, v, v * p0);
-    if (act == NACT_HARDSIGMOID || act == NACT_HARDSWISH) {
+    if (act == ACT_HARD_SIGMOID || act == ACT_HARD_SWISH) {
         const nvec one = zero + 1.0f;
         nvec s = v * p0 + p1;
         s = nblend(s < zero, zero, s);
         s = nblend(s > one, one, s);
-        return act == NACT_HARDSWISH ? v * s : s;
+        return act == ACT_HARD_SWISH ? v * s : s;
+    }
+    if (act == ACT_HARD_SWISH_DIV) {
+        const nvec hi = zero + p1;
+        nvec s = v + p0;
+        s = nblend(s < zero, zero, s);
+        s = nblend(s > hi, hi, s);
+        return v * s / hi;
     }
     return v;
 }
+
+/* Whether ``act`` is applied lane by lane (through exp) rather than on vectors. */
+#define LANEWISE(act) ((act) == ACT_SIGMOID || (act) == ACT_SWISH)
 
 /* One finished vector into ``dst`` (``count`` <= NLANES values), the residual
  * ``z`` (or NULL) added before the activation. */
 static inline __attribute__((always_inline)) void nstore(float *dst, const float *z, nvec v, Py_ssize_t count, int act, float p0, float p1)
 {
-    if (count == NLANES) {
+    if (count == NLANES && !LANEWISE(act)) {
         if (z)
             v += *(const nvec *)z;
         *(nvec *)dst = nactivate(v, act, p0, p1);
@@ -83,7 +102,12 @@ static inline __attribute__((always_inline)) void nstore(float *dst, const float
     if (z)
         for (Py_ssize_t i = 0; i < count; i++)
             tmp[i] += z[i];
-    *(nvec *)tmp = nactivate(*(nvec *)tmp, act, p0, p1);
+    if (LANEWISE(act)) {
+        for (Py_ssize_t i = 0; i < NLANES; i++)
+            tmp[i] = activate_f32(tmp[i], act, p0, p1);
+    } else {
+        *(nvec *)tmp = nactivate(*(nvec *)tmp, act, p0, p1);
+    }
     for (Py_ssize_t i = 0; i < count; i++)
         dst[i] = tmp[i];
 }
@@ -212,9 +236,10 @@ PyDoc_STRVAR(narrow_conv2d_doc,
 "narrow_conv2d(x, w, b, z, y, geometry, act, p0, p1, threads)\n\n"
 "Direct convolution of x [N, C, H, W] (float32, group 1) with w [M, C * kh * kw]\n"
 "(C * kh * kw at most 64), plus the bias b [M] and the residual z (y's shape), each\n"
-"or None, then the activation act: 0 none, 1 Relu, 2 Clip to [p0, p1], 3 LeakyRelu\n"
-"of slope p0, 4 HardSigmoid clip(p0 * v + p1, 0, 1), 5 HardSwish v times that;\n"
-"into y [N, M, OH, OW].\n"
+"or None, then the activation act with its parameters p0 and p1, numbered as the\n"
+"other kernels' (0 none, 1 Relu, 2 Clip to [p0, p1], 3 LeakyRelu of slope p0, 4\n"
+"HardSigmoid clip(p0 v + p1, 0, 1), 5 HardSwish v times that, 6 HardSwish as\n"
+"v clip(v + p0, 0, p1) / p1, 7 Sigmoid, 8 v sigmoid(p0 v)); into y [N, M, OH, OW].\n"
 "geometry is a ConvGeometry of groups 1, pads at least 0, zero padding.\n"
 "Runs on up to threads threads, without the GIL.");
 
@@ -239,7 +264,7 @@ static PyObject *narrow_conv2d(PyObject *self, PyObject *args)
                      NARROW_MAX_K);
         return NULL;
     }
-    if (act < NACT_NONE || act > NACT_HARDSWISH) {
+    if (act < ACT_NONE || act > ACT_LAST) {
         PyErr_SetString(PyExc_ValueError, "narrow_conv2d: invalid activation");
         return NULL;
     }
