@@ -706,7 +706,7 @@ def _expected_kernel(x_shape, w_shape, attrs) -> str:
     if kernel == (3, 3) and group == 1 and "strides" not in attrs and "dilations" not in attrs \
             and m * c >= 64 * 64 and min(x_shape[2] + pads[0] + pads[2], x_shape[3] + pads[1] + pads[3]) - 2 >= 12:
         return "winograd3x3"
-    return "direct2d" if _takes_direct(x_shape, w_shape, attrs) else "conv2d"
+    return "direct2d" if _takes_direct(x_shape, w_shape, attrs, wide=True) else "conv2d"
 
 
 def _out_positions(x_shape, w_shape, attrs) -> int:
@@ -718,12 +718,29 @@ def _out_positions(x_shape, w_shape, attrs) -> int:
                         for a in range(nd)]))
 
 
-def _takes_direct(x_shape, w_shape, attrs) -> bool:
-    """Whether a convolution (float or QLinearConv) goes to the direct kernel."""
+def _takes_direct(x_shape, w_shape, attrs, wide=False) -> bool:
+    """Whether a convolution (QLinearConv, or float with ``wide``) goes to the direct
+    kernel: reductions of up to 300 on maps of 400 outputs, and for float also of up to
+    1200 on maps of 1600 outputs in 4 rows or more, inputs of at most 4M values."""
     m, c = w_shape[:2]
     taps = int(np.prod(w_shape[2:]))
-    return attrs.get("group", 1) == 1 and taps > 1 and c * taps <= 300 and (m <= 16 or c >= 8) \
-        and _out_positions(x_shape, w_shape, attrs) >= 400
+    if attrs.get("group", 1) != 1 or taps == 1 or not (m <= 16 or c >= 8):
+        return False
+    positions = _out_positions(x_shape, w_shape, attrs)
+    if c * taps <= 300:
+        return positions >= 400
+    return wide and c * taps <= 1200 and positions >= 1600 and _out_rows(x_shape, w_shape, attrs) >= 4 \
+        and np.prod(x_shape) <= 4 << 20
+
+
+def _out_rows(x_shape, w_shape, attrs) -> int:
+    """Output rows of a convolution as the compiled kernels see it: 1-D maps, and
+    one-column planes by a k x 1 kernel, run as one row."""
+    pads = attrs.get("pads", (0,) * 4)
+    if len(x_shape) != 4 or (x_shape[3] == 1 and w_shape[3] == 1 and pads[1] == 0):
+        return 1
+    stride, dil = attrs.get("strides", (1, 1))[0], attrs.get("dilations", (1, 1))[0]
+    return (x_shape[2] + pads[0] + pads[2] - dil * (w_shape[2] - 1) - 1) // stride + 1
 
 
 @needs_native

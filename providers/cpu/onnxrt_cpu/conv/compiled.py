@@ -30,19 +30,44 @@ _DIRECT_MAX_K = 300
 #: model, batch 8, a 3x3/2 layer of 32 -> 64 channels to 4 x 4: 103 -> 510 us).
 _DIRECT_MIN_POSITIONS = 400
 
+#: Longest reduction the float convolutions take the direct kernel for on maps of at
+#: least :data:`_DIRECT_WIDE_POSITIONS` outputs and 4 rows (``direct_pays(wide=True)``).
+#: One thread, the two kernels alternating, fastest of 35-1100 runs each (a loaded
+#: machine): PLCMOS's 64 -> 128 3x3 dilated (2, 1) at 496 x 16 (K 576) 46.8 -> 43.1
+#: ms, AECMOS's 48 -> 96 3x3 at 100 x 80 (K 432) 15.6 -> 11.0, 32 -> 64 5x5 at 64 x 64
+#: (K 800) 5.0 -> 4.0, 96 -> 96 3x3 dilated at 50 x 40 (K 864) 3.7 -> 3.3, 128 -> 128
+#: 3x3 dilated at 40 x 40 (K 1152) 5.3 -> 5.0; on two threads 46.8 ms tied, the
+#: others 0.83-0.96 of the time. Below 1600 positions the row bands split too short
+#: for two threads (64 -> 128 3x3/2 to 28 x 28: 854 -> 1084 us), and a reduction of
+#: 2304 (256 channels 3x3) lost on one thread. Only for inputs of at most 4M values
+#: (16 MB), whose padded copy the kernel writes whole before it starts: DNSMOS P.835's
+#: 64 -> 32 3x3 at 300 x 161 (12 MB) 44.9 -> 33.5 ms, but at its 900 x 161 (37 MB)
+#: 72.1 -> 79.4 ms.
+_DIRECT_WIDE_K = 1200
+_DIRECT_WIDE_POSITIONS = 1600
+_DIRECT_WIDE_INPUT = 4 << 20
 
-def direct_pays(x4, wp, kernel, out_sp) -> bool:
+
+def direct_pays(x4, wp, kernel, out_sp, wide: bool = False) -> bool:
     """Whether the compiled direct kernel takes this layer: float32, group 1, not 1x1,
     a reduction of at most 300 (input channels times taps), at most 16 output
     channels or at least 8 input channels, and maps of at least 400 outputs. There im2col's product is short and
     narrow and runs far below BLAS's peak; the direct kernel keeps four output channels
     by 64 positions in registers. One thread: the YOLO-style detector's stem (8 x 3,
     3x3/2 at 320 x 320) 345 -> 239 us, 8 x 8 3x3 at 80 x 80 235 -> 122, 32 x 32 3x3 at
-    40 x 40 462 -> 334; but 32 x 3 3x3/2 at 224 x 224 490 -> 562 (left to im2col)."""
+    40 x 40 462 -> 334; but 32 x 3 3x3/2 at 224 x 224 490 -> 562 (left to im2col).
+    With ``wide`` (the float convolutions), also reductions of up to 1200 on maps of
+    at least 1600 outputs in 4 rows or more from inputs of at most 4M values
+    (:data:`_DIRECT_WIDE_K`), where it saves
+    im2col's gather and its own products ran 5-30 % faster than the tiles' BLAS calls."""
     m, c = wp.shape[:2]
-    return (x4.dtype == np.float32 and wp.group == 1 and kernel != (1, 1)
-            and c * kernel[0] * kernel[1] <= _DIRECT_MAX_K and (m <= 16 or c >= 8)
-            and out_sp[0] * out_sp[1] >= _DIRECT_MIN_POSITIONS)
+    if x4.dtype != np.float32 or wp.group != 1 or kernel == (1, 1) or not (m <= 16 or c >= 8):
+        return False
+    k, positions = c * kernel[0] * kernel[1], out_sp[0] * out_sp[1]
+    if k <= _DIRECT_MAX_K:
+        return positions >= _DIRECT_MIN_POSITIONS
+    return (wide and k <= _DIRECT_WIDE_K and positions >= _DIRECT_WIDE_POSITIONS and out_sp[0] >= 4
+            and x4.size <= _DIRECT_WIDE_INPUT)
 
 
 def winograd_pays(x4, wp, kernel, strides, dilations, out_sp) -> bool:
@@ -143,7 +168,7 @@ def conv_native(x, wp, strides, dilations, pb, pe, out_sp, y, pad_value, bias, r
     if winograd_pays(x4, wp, kernel, (g.sh, g.sw), (g.dh, g.dw), out_sp):
         native.K.winograd3x3(x4, wp.winograd(), bias, residual, y, g, kind, lo, hi, parallel.thread_count())
         return True
-    if direct_pays(x4, wp, kernel, out_sp):
+    if direct_pays(x4, wp, kernel, out_sp, wide=True):
         try:
             native.K.direct2d(x4, wp.gemm, bias, residual, y, g, kind, lo, hi, parallel.thread_count())
             return True
