@@ -139,6 +139,16 @@ def test_a_constant_defined_twice_is_still_refused():
         onnxrt.InferenceSession(model.SerializeToString(), providers=CPU)
 
 
+def test_a_name_a_large_and_a_small_constant_both_define_is_still_refused():
+    model = _model([_const("w", np.ones((64, 64), np.float32)), _const("w", np.ones(4, np.float32)),
+                    helper.make_node("MatMul", ["x", "w"], ["y"])],
+                   [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64])],
+                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 64])])
+    assert split_weights(model)[1] == {}
+    with pytest.raises(onnxrt.InvalidGraph, match="'w' is defined more than once"):
+        onnxrt.InferenceSession(model.SerializeToString(), providers=CPU)
+
+
 def test_a_constant_with_short_data_is_refused_with_its_name():
     t = numpy_helper.from_array(np.ones((64, 64), np.float32), "wt")
     t.raw_data = t.raw_data[:-4]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -108,15 +109,14 @@ def _large_constants(g: onnx.GraphProto, large) -> dict[str, onnx.TensorProto]:
         if (n.op_type == "Constant" and n.domain in ("", "ai.onnx") and len(n.output) == 1
                 and n.output[0] and len(n.attribute) == 1 and n.attribute[0].name == "value"
                 and n.attribute[0].type == onnx.AttributeProto.TENSOR and large(n.attribute[0].t)):
-            if n.output[0] in found:
-                found[n.output[0]] = None  # defined twice: left to the checks
-            else:
-                found[n.output[0]] = n.attribute[0].t
+            found[n.output[0]] = n.attribute[0].t
     if not found:
         return {}
+    # a name defined more than once (by any two nodes, or a node and an input or an
+    # initializer) keeps its nodes: the graph's checks refuse it as before
+    defined = Counter(o for n in g.node for o in n.output if o in found)
     taken = {vi.name for vi in g.input} | {vi.name for vi in g.output} | {t.name for t in g.initializer}
-    taken.update(o for n in g.node if n.op_type != "Constant" for o in n.output)
-    return {k: t for k, t in found.items() if t is not None and k not in taken}
+    return {k: t for k, t in found.items() if defined[k] == 1 and k not in taken}
 
 
 def _copy_fields(src, dst, skip: str | tuple[str, ...]) -> None:
