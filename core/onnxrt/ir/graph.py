@@ -412,7 +412,10 @@ class Graph:
         gp.output.extend(self.outputs)
         for name, arr in self.initializers.items():
             arr = np.asarray(arr)
-            if hollow_above is not None and arr.size > hollow_above and arr.dtype not in (np.int32, np.int64):
+            # numbers only (strings keep their data), and no INT32/INT64: inference
+            # propagates the values of those
+            numeric = arr.dtype.kind in "fcbu" or (arr.dtype.kind == "i" and arr.dtype.itemsize < 4)
+            if hollow_above is not None and arr.size > hollow_above and numeric:
                 gp.initializer.append(TensorProto(name=name, dims=arr.shape,
                                                   data_type=helper.np_dtype_to_tensor_dtype(arr.dtype)))
             else:
