@@ -102,7 +102,10 @@ def _qdq_model(dt, shape, axis, count):
 
 @pytest.mark.parametrize("dt", BYTES)
 @pytest.mark.parametrize("axis,count", [(1, 1), (1, 384), (0, 2)])
-def test_session_matches_the_onnx_reference(dt, axis, count):
+@pytest.mark.parametrize("compiled", [True, False])
+def test_session_matches_the_onnx_reference(dt, axis, count, compiled, request):
+    if not compiled:
+        request.getfixturevalue("numpy_kernels")
     m = _qdq_model(dt, [2, 384, 300] if axis == 0 else [2, 300, 384] if count == 1 else [2, 384, 300], axis, count)
     onnx.checker.check_model(m)
     x = _data([d.dim_value for d in m.graph.input[0].type.tensor_type.shape.dim], special=False)
@@ -131,10 +134,13 @@ def _qlinear_matmul_model(a_shape, b_shape, a_type, b_type, y_type):
                                              ((5, 33), (2, 33, 70)), ((4, 7, 5), (5, 3))])
 @pytest.mark.parametrize("types", [(np.uint8, np.uint8, np.uint8), (np.uint8, np.int8, np.int8),
                                    (np.int8, np.int8, np.uint8)])
-def test_qlinear_matmul_of_two_activations_matches_the_reference(a_shape, b_shape, types):
+@pytest.mark.parametrize("compiled", [True, False])
+def test_qlinear_matmul_of_two_activations_matches_the_reference(a_shape, b_shape, types, compiled, request):
     """Attention's Q K' and P V: B is an input, packed for the 8-bit product a matrix
     of the batch at a time (batch axes broadcast), exactly as the numpy path and
     onnx's reference compute it."""
+    if not compiled:
+        request.getfixturevalue("numpy_kernels")
     a_type, b_type, y_type = types
     m = _qlinear_matmul_model(a_shape, b_shape, *types)
     rng = np.random.default_rng(7)
@@ -149,8 +155,10 @@ def test_qlinear_matmul_of_two_activations_matches_the_reference(a_shape, b_shap
     zp = {np.uint8: 120, np.int8: -3}
     direct = q._batched_int8(feeds["a"], np.array(zp[a_type] + 5, a_type), feeds["b"], np.array(zp[b_type], b_type),
                              mult, np.dtype(y_type), np.array(zp[y_type] - 7, y_type))
-    if native.kernels().igemm_ready():
+    if compiled and native.K.igemm_ready():
         np.testing.assert_array_equal(direct, want)
+    else:
+        assert direct is None
 
 
 def _conv_integer_model(x_shape, w, w_zp, x_zp, **attrs):
@@ -186,12 +194,16 @@ def _centred_conv_reference(x, xz, w, wz, per_channel, **attrs):
     dict(x=(1, 4, 40), m=5, k=(5,), pads=[2, 2]),                              # 1-D
 ], ids=["stem", "dilated", "pointwise", "grouped", "1d"])
 @pytest.mark.parametrize("per_channel", [False, True])
-def test_conv_integer_on_8bit_products_is_exact(x_type, w_type, case, per_channel, monkeypatch):
+@pytest.mark.parametrize("compiled", [True, False])
+def test_conv_integer_on_8bit_products_is_exact(x_type, w_type, case, per_channel, compiled, monkeypatch, request):
     """ConvInteger by qconv8's int32 output (the numpy paths set aside where this CPU
-    has the 8-bit kernels): the exact sums of the centred integers."""
+    has the 8-bit kernels), and by the numpy paths alone: the exact sums of the
+    centred integers."""
     from onnxrt_cpu.conv import integer
 
-    if native.kernels().igemm_ready():
+    if not compiled:
+        request.getfixturevalue("numpy_kernels")
+    elif native.K.igemm_ready():
         def refuse(*args, **kwargs):
             raise AssertionError("the numpy path ran")
 

@@ -160,7 +160,10 @@ def _per_column_matmul_model(k=48, n=40, axis=1, zp_shift=0):
 
 
 @pytest.mark.parametrize("zp_shift", [0, 3])
-def test_qdq_matmul_per_column_weights_become_qlinear_matmul(zp_shift):
+@pytest.mark.parametrize("compiled", [True, False])
+def test_qdq_matmul_per_column_weights_become_qlinear_matmul(zp_shift, compiled, request):
+    if not compiled:
+        request.getfixturevalue("numpy_kernels")  # the per-column ratio on the numpy path
     m = _per_column_matmul_model(zp_shift=zp_shift)
     feeds = _x([1, 37, 48], seed=5)
     got = _compare(m, feeds, 0.03, {"QLinearMatMul"}, {"MatMul"})
@@ -411,7 +414,10 @@ def _dynamic_conv_model(bias_shape=(1, 8, 1, 1), relu=True, extra_output=None, w
 
 @pytest.mark.parametrize("relu", [True, False])
 @pytest.mark.parametrize("wtype", [np.uint8, np.int8])
-def test_dynamic_quantized_conv_chain_is_fused(relu, wtype):
+@pytest.mark.parametrize("compiled", [True, False])
+def test_dynamic_quantized_conv_chain_is_fused(relu, wtype, compiled, request):
+    if not compiled:
+        request.getfixturevalue("numpy_kernels")
     m = _dynamic_conv_model(relu=relu, wtype=wtype)
     fused = session(m, ALL)
     counts = ops(fused)

@@ -141,7 +141,7 @@ def quantize8(x: np.ndarray, scale: np.ndarray, zero_point, out_dtype: np.dtype,
     """QuantizeLinear of float32 ``x`` to uint8 or int8 by the compiled kernel (per
     tensor or per axis, no blocks), what :func:`quantize` computes; None where it does
     not take the arguments."""
-    k = native.kernels()
+    k = native.K
     if k is None or type(x) is not np.ndarray or x.dtype != _F32 or out_dtype not in _BYTE_DTYPES:
         return None
     p = _q8_params(x.shape, scale, zero_point, out_dtype, _axis_for(x, axis))
@@ -157,7 +157,7 @@ def dequantize8(x: np.ndarray, scale: np.ndarray, zero_point, axis: int = 1):
     """DequantizeLinear of uint8 or int8 ``x`` to float32 by the compiled kernel (per
     tensor or per axis, no blocks), what :func:`dequantize` computes; None where it
     does not take the arguments."""
-    k = native.kernels()
+    k = native.K
     if k is None or type(x) is not np.ndarray or x.dtype not in _BYTE_DTYPES:
         return None
     p = _q8_params(x.shape, scale, zero_point, x.dtype, _axis_for(x, axis))
@@ -604,7 +604,7 @@ def _batched_int8(a, a_zero_point, b, b_zero_point, mult, out: np.dtype, y_zero_
     if a.dtype not in _BYTE_DTYPES or b.dtype not in _BYTE_DTYPES or a.ndim < 2 or b.ndim < 2 \
             or mult.size != 1 or mult.dtype != _F32:
         return None
-    k = native.kernels()
+    k = native.K
     if k is None or not k.igemm_ready():
         return None
     za, zb, yz = _scalar_zp(a_zero_point, a.dtype), _scalar_zp(b_zero_point, b.dtype), _scalar_zp(y_zero_point, out)
