@@ -244,3 +244,26 @@ def test_body_plans_keep_the_error_state_and_allocation_cap():
             np.float32(3e38) * np.float32(10)
     w = np.linspace(-1, 1, 6, dtype=np.float32).reshape(2, 3)
     np.testing.assert_array_equal(out, feeds["x"] * w)
+
+
+def test_if_of_two_outputs_checks_each():
+    then_g = helper.make_graph([helper.make_node("Identity", ["x"], ["t0"]),
+                                helper.make_node("Cast", ["x"], ["t1"], to=TensorProto.DOUBLE)], "then", [],
+                               [helper.make_tensor_value_info("t0", F, None),
+                                helper.make_tensor_value_info("t1", F, None)])
+    else_g = helper.make_graph([helper.make_node("Neg", ["x"], ["e0"]), helper.make_node("Abs", ["x"], ["e1"])],
+                               "else", [], [helper.make_tensor_value_info("e0", F, None),
+                                            helper.make_tensor_value_info("e1", F, None)])
+    model = _model([helper.make_node("If", ["c"], ["a", "b"], then_branch=then_g, else_branch=else_g)],
+                   [helper.make_tensor_value_info("c", TensorProto.BOOL, [1]),
+                    helper.make_tensor_value_info("x", F, [3])],
+                   [helper.make_tensor_value_info(n, F, None) for n in ("a", "b")])
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    x = np.array([-1.0, 2.0, -3.0], np.float32)
+    a, b = sess.run(None, {"c": np.array([False]), "x": x})  # a condition of shape [1]
+    np.testing.assert_array_equal(a, -x)
+    np.testing.assert_array_equal(b, np.abs(x))
+    with pytest.raises(OnnxRtError, match="float64 for output 1"):
+        sess.run(None, {"c": np.array([True]), "x": x})

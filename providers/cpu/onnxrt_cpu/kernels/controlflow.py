@@ -103,12 +103,22 @@ class If(Kernel):
         if len(outs) != self.n_out:
             raise ValueError(f"{self.node.describe()}: the {'then' if taken else 'else'} branch returned "
                              f"{len(outs)} values for {self.n_out} outputs")
+        if self.n_out == 1 and self.checks:
+            # the common If: one output, declared (no loop; a dtype is most often the
+            # declared one itself)
+            v = outs[0]
+            if isinstance(v, np.ndarray) and v.dtype is not self.want[0] and v.dtype != self.want[0]:
+                self._wrong_dtype(taken, 0, v)
+            return outs
         for i, want in self.checks:
             v = outs[i]
             if isinstance(v, np.ndarray) and v.dtype != want:
-                raise TypeError(f"{self.node.describe()}: the {'then' if taken else 'else'} branch returned "
-                                f"{v.dtype} for output {i}, which the branches declare as {want}")
+                self._wrong_dtype(taken, i, v)
         return outs
+
+    def _wrong_dtype(self, taken: bool, i: int, v: np.ndarray):
+        raise TypeError(f"{self.node.describe()}: the {'then' if taken else 'else'} branch returned "
+                        f"{v.dtype} for output {i}, which the branches declare as {self.want[i]}")
 
 
 @op("Loop", since=1)
