@@ -10,6 +10,8 @@ the activations only numpy applies were one more pass over the output."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from .. import native, parallel
@@ -37,15 +39,15 @@ def narrow_pays(x, wp, kernel, strides, pb, pe, out_sp) -> bool:
     a reduction of at most :data:`NARROW_MAX_K`, not an unpadded 1x1 of stride 1 (one
     GEMM on the input as it lies), at least 64 output positions. Of these,
     :func:`conv_narrow` leaves the direct kernel's (:func:`direct_pays`) to it."""
-    if len(kernel) not in (1, 2) or x.dtype != np.float32 or wp.group != 1:
+    # the cheapest tests first: most layers of a network fail the reduction's length
+    if wp.group != 1 or len(kernel) not in (1, 2):
         return False
-    c = wp.shape[1]
-    taps = int(np.prod(kernel))
-    if c * taps > NARROW_MAX_K:
+    taps = math.prod(kernel)
+    if wp.shape[1] * taps > NARROW_MAX_K or x.dtype != np.float32:
         return False
     if taps == 1 and all(s == 1 for s in strides) and not any(pb) and not any(pe):
         return False
-    return x.shape[0] * int(np.prod(out_sp)) >= _NARROW_MIN_POSITIONS
+    return x.shape[0] * math.prod(out_sp) >= _NARROW_MIN_POSITIONS
 
 
 def narrow_activation(activation):
@@ -82,9 +84,9 @@ def conv_narrow(x, wp, strides, dilations, pb, pe, out_sp, y, pad_value, bias, r
     :func:`narrow_activation` gives its form, else in numpy on the finished output),
     where :func:`narrow_pays` and the compiled kernels take the layer; False where
     it did nothing."""
-    if native.K is None or not hasattr(native.K, "narrow_conv2d"):
-        return False
     if not narrow_pays(x, wp, wp.kernel, strides, pb, pe, out_sp):
+        return False
+    if native.K is None or not hasattr(native.K, "narrow_conv2d"):
         return False
     geo = native_geometry(x, wp, strides, dilations, pb, pe, out_sp, pad_value)
     if geo is None:

@@ -112,14 +112,15 @@ static inline __attribute__((always_inline)) void nstore(float *dst, const float
         dst[i] = tmp[i];
 }
 
-/* Output row ``oy`` of image ``image``, every output channel, from ``base``: the
- * band buffer at the row's first tap row. */
-NATIVE_CLONES static void narrow_row(const narrow_job *job, const float *base, Py_ssize_t image, Py_ssize_t oy)
+/* Output row ``oy`` of image ``image``, the output channels of block ``mb``, from
+ * ``base``: the band buffer at the row's first tap row. */
+NATIVE_CLONES static void narrow_row(const narrow_job *job, const float *base, Py_ssize_t image, Py_ssize_t oy,
+                                     Py_ssize_t mb)
 {
     const Py_ssize_t k = job->k, ow = job->g.ow, plane = job->g.oh * ow, m = job->m;
     const int act = job->act;
     const float p0 = job->p0, p1 = job->p1;
-    for (Py_ssize_t mb = 0; mb < job->mblocks; mb++) {
+    {
         const float *wb = job->w + mb * k * NMB;
         const float *bb = job->bias + mb * NMB;
         const Py_ssize_t valid = m - mb * NMB < NMB ? m - mb * NMB : NMB;
@@ -228,8 +229,12 @@ static void narrow_task(void *arg, Py_ssize_t t)
         return;
     }
     narrow_fill(job, buf, image, r0);
-    for (Py_ssize_t oy = r0; oy < r1; oy++)
-        narrow_row(job, buf + (oy - r0) * g->sh * job->rowlen, image, oy);
+    /* a block of channels at a time down the band: eight output streams, each one
+     * contiguous run of the band's rows, where all channels row by row wrote to as
+     * many places as there are output channels */
+    for (Py_ssize_t mb = 0; mb < job->mblocks; mb++)
+        for (Py_ssize_t oy = r0; oy < r1; oy++)
+            narrow_row(job, buf + (oy - r0) * g->sh * job->rowlen, image, oy, mb);
 }
 
 PyDoc_STRVAR(narrow_conv2d_doc,
