@@ -273,3 +273,17 @@ def test_bad_arguments_are_refused():
     x48, g8 = native_geometry(x8, big, (1, 1), (1, 1), (0, 0), (0, 0), (6, 6), 0)
     with pytest.raises(ValueError, match="reduction of 72"):
         native.K.narrow_conv2d(x48, big.gemm, None, None, y, g8, 0, 0.0, 0.0, 1)
+
+
+@needs_native
+def test_rows_past_the_kernels_limit_fall_back(monkeypatch):
+    """A layer whose band of input rows passes the kernel's 64 MiB (a dilation of 1100
+    rows: 2201 rows of 8192 values a band) takes another path, with the same result."""
+    x_shape, w_shape, attrs = (1, 1, 2205, 8192), (24, 1, 3, 1), {"dilations": [1100, 1]}
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal(x_shape).astype(np.float32)
+    model = _plain_model(x_shape, w_shape, attrs, "Relu", [], False)
+    got, calls = _counted_run(_fused_model(x_shape, w_shape, attrs, "Relu", [], False), {"x": x}, 1, monkeypatch)
+    assert calls["narrow_conv2d"] == 1 and len(calls) == 2  # refused, then another kernel
+    want = rt.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)

@@ -101,7 +101,12 @@ def conv_narrow(x, wp, strides, dilations, pb, pe, out_sp, y, pad_value, bias, r
     kind, p0, p1 = form if form is not None else (0, 0.0, 0.0)
     b = None if bias is None else np.ascontiguousarray(bias, dtype=np.float32).reshape(g.m)
     z = None if residual is None else np.ascontiguousarray(residual, dtype=np.float32)
-    native.K.narrow_conv2d(x4, wp.gemm, b, z, y, g, kind, p0, p1, parallel.thread_count())
+    try:
+        native.K.narrow_conv2d(x4, wp.gemm, b, z, y, g, kind, p0, p1, parallel.thread_count())
+    except MemoryError:
+        # a band's input rows past the kernel's limit (rows of a million values), or
+        # no memory for them: the other paths write the whole output anew
+        return False
     if form is None:
         activation(y)
     return True
