@@ -45,7 +45,8 @@ def test_profile_writes_a_trace_and_a_table(yolo, tmp_path, capsys):
     assert len(runs) == 3 and all(e["ph"] == "X" for e in runs)
     # every node event lies within a run
     assert all(any(r["ts"] <= e["ts"] <= r["ts"] + r["dur"] for r in runs) for e in nodes)
-    conv = next(e for e in nodes if e["args"]["op_name"] == "Conv")
+    # the model's first convolution (its activation may be fused into it)
+    conv = next(e for e in nodes if e["args"]["op_name"] in ("Conv", "FusedConv"))
     assert conv["args"]["output_type_shape"] == [{"float": [1, 8, 32, 48]}]
     out = capsys.readouterr().out
     assert "time per op type, mean of 3 run(s)" in out
