@@ -124,7 +124,7 @@ static inline T SFX(pmax)(T a, T b)
 }
 
 /* ``acc[i] = op(acc[i], src[i])`` for i < len: max, or + for AveragePool. */
-NATIVE_CLONES static void SFX(pool_fold)(T *restrict acc, const T *restrict src, Py_ssize_t len, int mode)
+static inline __attribute__((always_inline)) void SFX(pool_fold)(T *restrict acc, const T *restrict src, Py_ssize_t len, int mode)
 {
     if (mode == POOL_MAX) {
         for (Py_ssize_t i = 0; i < len; i++)
@@ -137,7 +137,7 @@ NATIVE_CLONES static void SFX(pool_fold)(T *restrict acc, const T *restrict src,
 
 /* Row ``src`` (``len`` values) into the ``sw`` phases ``ph`` (``pq`` values each) from
  * padded column ``pl``: phase p holds padded columns p, p + sw, ... */
-NATIVE_CLONES static void SFX(pool_split)(const T *restrict src, Py_ssize_t len, Py_ssize_t pl, Py_ssize_t sw,
+static inline __attribute__((always_inline)) void SFX(pool_split)(const T *restrict src, Py_ssize_t len, Py_ssize_t pl, Py_ssize_t sw,
                                           Py_ssize_t pq, T *restrict ph)
 {
     if (sw == 1) {
@@ -181,7 +181,7 @@ NATIVE_CLONES static void SFX(pool_split)(const T *restrict src, Py_ssize_t len,
 
 /* One output row: the fold of its column taps over the phases (or the reduced row
  * itself at stride 1), averages divided by ``div``. */
-NATIVE_CLONES static void SFX(pool_columns)(const T *ph, Py_ssize_t pq, const window_geometry *g, T *restrict out,
+static inline __attribute__((always_inline)) void SFX(pool_columns)(const T *ph, Py_ssize_t pq, const window_geometry *g, T *restrict out,
                                             const T *restrict div, int mode)
 {
     const Py_ssize_t ow = g->ow, sw = g->sw;
@@ -204,35 +204,30 @@ NATIVE_CLONES static void SFX(pool_columns)(const T *ph, Py_ssize_t pq, const wi
             out[i] /= div[i];
 }
 
-/* A run of output rows of the flattened [planes * oh] index space. */
-static void SFX(pool_rows_task)(void *arg, Py_ssize_t t)
+/* Output rows q0 <= q < q1 of the flattened [planes * oh] index space, with ``v`` a
+ * row of scratch and ``ph`` the phases (their padding already the identity): one
+ * clone, its row steps inlined, so a row of a few values costs no calls. */
+NATIVE_CLONES static void SFX(pool_rows)(const pool_job *job, Py_ssize_t q0, Py_ssize_t q1, T *restrict v,
+                                         T *restrict ph)
 {
-    pool_job *job = arg;
     const window_geometry *g = job->g;
-    const Py_ssize_t total = job->planes * g->oh;
-    const Py_ssize_t q0 = t * job->chunk, q1 = q0 + job->chunk < total ? q0 + job->chunk : total;
     const Py_ssize_t sw = g->sw, wn = (g->ow - 1) * sw + (g->kw - 1) * g->dw + 1;
     const Py_ssize_t pq = (wn + sw - 1) / sw;
     /* the input columns inside the padded extent the taps read */
     const Py_ssize_t cols = g->pl + g->w < wn ? g->w : wn - g->pl;
-    const size_t vcount = (size_t)(g->w > 0 ? g->w : 1);
-    T *v = (T *)scratch(0, (vcount + (size_t)(sw * pq)) * sizeof(T));
-    if (!v) {
-        job->failed = 1;
-        return;
-    }
-    T *ph = v + vcount;
-    const T identity = job->mode == POOL_MAX ? -(T)INFINITY : (T)0;
-    /* the padding, once: every row writes the same inner columns of the phases */
-    for (Py_ssize_t i = 0; i < sw * pq; i++)
-        ph[i] = identity;
-    const T *div = job->mode == POOL_AVERAGE ? (const T *)job->div : NULL;
+    const int mode = job->mode;
+    const T identity = mode == POOL_MAX ? -(T)INFINITY : (T)0;
+    const T *div = mode == POOL_AVERAGE ? (const T *)job->div : NULL;
     /* a stride-1 row that needs no padding is read where it lies */
     const int in_place = sw == 1 && g->pl == 0 && wn <= g->w;
-    for (Py_ssize_t q = q0; q < q1; q++) {
-        const Py_ssize_t j = q / g->oh, oy = q % g->oh;
+    Py_ssize_t j = q0 / g->oh, oy = q0 % g->oh;
+    for (Py_ssize_t q = q0; q < q1; q++, oy++) {
+        if (oy == g->oh) {
+            oy = 0;
+            j++;
+        }
         const T *plane = (const T *)job->x + j * g->h * g->w;
-        T *out = (T *)job->y + (j * g->oh + oy) * g->ow;
+        T *out = (T *)job->y + q * g->ow;
         const T *rdiv = div ? div + oy * g->ow : NULL;
         const T *first = NULL;
         int rows = 0;
@@ -247,7 +242,7 @@ static void SFX(pool_rows_task)(void *arg, Py_ssize_t t)
                 if (rows == 1)
                     for (Py_ssize_t i = 0; i < cols; i++)
                         v[i] = first[i];
-                SFX(pool_fold)(v, row, cols, job->mode);
+                SFX(pool_fold)(v, row, cols, mode);
             }
             rows++;
         }
@@ -259,12 +254,35 @@ static void SFX(pool_rows_task)(void *arg, Py_ssize_t t)
         }
         const T *reduced = rows == 1 ? first : v;
         if (in_place) {
-            SFX(pool_columns)(reduced, pq, g, out, rdiv, job->mode);
+            SFX(pool_columns)(reduced, pq, g, out, rdiv, mode);
             continue;
         }
         SFX(pool_split)(reduced, cols, g->pl, sw, pq, ph);
-        SFX(pool_columns)(ph, pq, g, out, rdiv, job->mode);
+        SFX(pool_columns)(ph, pq, g, out, rdiv, mode);
     }
+}
+
+/* A chunk of output rows: its scratch row and phases, the phases' padding set to
+ * the identity once (every row writes the same inner columns). */
+static void SFX(pool_rows_task)(void *arg, Py_ssize_t t)
+{
+    pool_job *job = arg;
+    const window_geometry *g = job->g;
+    const Py_ssize_t total = job->planes * g->oh;
+    const Py_ssize_t q0 = t * job->chunk, q1 = q0 + job->chunk < total ? q0 + job->chunk : total;
+    const Py_ssize_t sw = g->sw, wn = (g->ow - 1) * sw + (g->kw - 1) * g->dw + 1;
+    const Py_ssize_t pq = (wn + sw - 1) / sw;
+    const size_t vcount = (size_t)g->w;
+    T *v = (T *)scratch(0, (vcount + (size_t)(sw * pq)) * sizeof(T));
+    if (!v) {
+        job->failed = 1;
+        return;
+    }
+    T *ph = v + vcount;
+    const T identity = job->mode == POOL_MAX ? -(T)INFINITY : (T)0;
+    for (Py_ssize_t i = 0; i < sw * pq; i++)
+        ph[i] = identity;
+    SFX(pool_rows)(job, q0, q1, v, ph);
 }
 
 /* ---- whole planes as one row -----------------------------------------------------
