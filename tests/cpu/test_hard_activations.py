@@ -2,7 +2,7 @@
 ``hard`` kernel gives the numpy path's values bit for bit (every step rounded to
 float32, no fused multiply-add, NaN passed through), the nodes agree with onnxruntime
 and the onnx reference implementation, and a squeeze-and-excitation block's
-per-channel Mul (``plane_scale``) gives numpy's products."""
+per-channel Mul (``binary`` with a value per plane) gives numpy's products."""
 
 import numpy as np
 import onnxruntime as rt
@@ -170,22 +170,27 @@ def test_hard_activation_refuses_integers():
         sess.run(None, {"x": np.arange(3, dtype=np.int32)})
 
 
-# -- the squeeze-and-excitation product --------------------------------------------------
+# -- the squeeze-and-excitation product (and other per-plane operands) -------------------
+
+
+_NUMPY = {"Add": np.add, "Sub": np.subtract, "Mul": np.multiply, "Div": np.divide}
 
 
 @needs_native
+@pytest.mark.parametrize("name", sorted(_NUMPY))
 @pytest.mark.parametrize("big,small", [((1, 96, 40, 40), (1, 96, 1, 1)), ((2, 24, 30, 30), (2, 24, 1, 1)),
                                        ((1, 480, 20, 20), (480, 1, 1)), ((1, 4, 100, 200), (1, 4, 100, 1)),
                                        ((3, 70000), (3, 1))])
-def test_plane_scale_gives_numpy_products(big, small):
+def test_plane_op_gives_numpy_values_in_either_order(name, big, small):
     rng = np.random.default_rng(5)
     a = rng.standard_normal(big).astype(np.float32)
     b = rng.standard_normal(small).astype(np.float32)
     a.reshape(-1)[:len(_SPECIALS)] = _SPECIALS
+    b.reshape(-1)[:2] = [0.0, -np.inf]
     with np.errstate(all="ignore"):
-        want = a * b
         for x, s in ((a, b), (b, a)):
-            got = cpu_math._plane_scale(x, s)
+            want = _NUMPY[name](x, s)
+            got = cpu_math._plane_op(name, x, s)
             assert got is not None and got.shape == want.shape
             np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
 
@@ -195,11 +200,22 @@ def test_plane_scale_gives_numpy_products(big, small):
                                        ((1, 8, 50, 50), (1, 8, 50, 50)),  # none at all
                                        ((1, 8, 50, 50), (1, 1, 1, 1)),  # a scalar: numpy's own pass
                                        ((1, 8, 5, 5), (1, 8, 1, 1))])  # too small to pay for the call
-def test_plane_scale_leaves_other_products_to_numpy(big, small):
+def test_plane_op_leaves_other_operands_to_numpy(big, small):
     a = np.ones(big, np.float32)
     b = np.ones(small, np.float32)
-    assert cpu_math._plane_scale(a, b) is None
-    assert cpu_math._plane_scale(a.astype(np.float64), b.astype(np.float64)) is None
+    assert cpu_math._plane_op("Mul", a, b) is None
+    assert cpu_math._plane_op("Mul", a.astype(np.float64), b.astype(np.float64)) is None
+
+
+@needs_native
+def test_binary_kernel_bad_arguments():
+    a = np.ones(12, np.float32)
+    with pytest.raises(ValueError, match="unknown op"):
+        native.K.binary(a, a, a, 4, 0, False, 1)
+    with pytest.raises(ValueError, match="not planes of 5"):
+        native.K.binary(a, a, a, 0, 5, False, 1)
+    with pytest.raises(ValueError, match="binary: b"):
+        native.K.binary(a, a[:2], a, 0, 4, False, 1)
 
 
 def test_squeeze_excitation_block_agrees_with_onnxruntime():

@@ -344,12 +344,17 @@ def _check_broadcast(k, dtype, *xs) -> None:
         check_allocation(shape, dtype, f"{k.node.op_type} output")
 
 
-def _plane_scale(a, b):
-    """``a * b`` where one operand is a C-contiguous float32 array and the other holds one
-    value per plane of it (equal to it on the leading axes and 1 on the rest: the
-    ``[N, C, 1, 1]`` scale of a squeeze-and-excitation block over ``[N, C, H, W]``),
-    by the compiled kernel in one pass over the run's threads, into the one array it
-    allocates; None for anything else. The products are numpy's, value for value."""
+#: ``binary`` ops (elementwise.c)
+_BINARY_OPS = {"Add": 0, "Sub": 1, "Mul": 2, "Div": 3}
+
+
+def _plane_op(name, a, b):
+    """``a op b`` (Add, Sub, Mul, Div) where one operand is a C-contiguous float32 array
+    and the other holds one value per plane of it (equal to it on the leading axes and
+    1 on the rest: the ``[N, C, 1, 1]`` scale of a squeeze-and-excitation block over
+    ``[N, C, H, W]``, a per-channel bias), by the compiled kernel in one pass over the
+    run's threads, into the one array it allocates; None for anything else. The values
+    are numpy's: one IEEE operation each, in the operands' order."""
     kern = native.K
     if kern is None or a.dtype != _F32 or b.dtype != _F32:
         return None
@@ -362,16 +367,16 @@ def _plane_scale(a, b):
         lead -= 1
     if lead == len(shape) or shape[:lead] != big.shape[:lead]:
         return None  # no broadcast, or a broadcast over a leading axis
-    inner = big.size // small.size
     y = np.empty(big.shape, _F32)
-    kern.plane_scale(big, np.ascontiguousarray(small), y, inner, current_thread_count())
+    kern.binary(big, np.ascontiguousarray(small), y, _BINARY_OPS[name], big.size // small.size, small is a,
+                current_thread_count())
     return y
 
 
 def _binary(xp, name, a, b):
     if xp is np:
-        if name == "Mul":
-            y = _plane_scale(a, b)
+        if a.shape != b.shape:
+            y = _plane_op(name, a, b)
             if y is not None:
                 return y
         y = _with_row_vector(name, a, b)

@@ -668,80 +668,113 @@ static PyObject *hard(PyObject *self, PyObject *args)
     Py_RETURN_NONE;
 }
 
-/* ---- One factor per plane: y[p, i] = x[p, i] * s[p] (a squeeze-and-excitation block's
- * channel scale, [N, C, H, W] * [N, C, 1, 1]) --------------------------------------- */
+/* ---- Binary arithmetic on large float32 arrays: two of one size, or one and a value
+ * per plane of it (a squeeze-and-excitation block's channel scale, [N, C, H, W] *
+ * [N, C, 1, 1]; a per-channel bias) ------------------------------------------------- */
+
+enum { BIN_ADD = 0, BIN_SUB = 1, BIN_MUL = 2, BIN_DIV = 3 };
 
 typedef struct {
-    const float *x, *s;
+    const float *a, *b;
     float *y;
-    Py_ssize_t planes, inner;
-} plane_job;
+    Py_ssize_t n, planes, inner; /* inner 0: b is a's size */
+    int op, b_first;
+} binary_job;
 
-/* y may be x: no restrict. */
-NATIVE_CLONES static void scale_run_f32(const float *x, float *y, Py_ssize_t n, float s)
+/* y may be a or b: no restrict. One IEEE operation per element, numpy's values. */
+#define BIN_LOOP(EXPR)                                                                                        \
+    for (Py_ssize_t i = 0; i < n; i++)                                                                        \
+        y[i] = EXPR;
+
+NATIVE_CLONES static void binary_run_f32(const float *a, const float *b, float *y, Py_ssize_t n, int op)
 {
-    for (Py_ssize_t i = 0; i < n; i++)
-        y[i] = x[i] * s;
+    switch (op) {
+    case BIN_ADD: BIN_LOOP(a[i] + b[i]) break;
+    case BIN_SUB: BIN_LOOP(a[i] - b[i]) break;
+    case BIN_MUL: BIN_LOOP(a[i] * b[i]) break;
+    default: BIN_LOOP(a[i] / b[i]) break;
+    }
+}
+
+NATIVE_CLONES static void binary_value_f32(const float *a, float s, float *y, Py_ssize_t n, int op, int s_first)
+{
+    switch (op * 2 + (s_first != 0)) {
+    case BIN_ADD * 2: BIN_LOOP(a[i] + s) break;
+    case BIN_ADD * 2 + 1: BIN_LOOP(s + a[i]) break;
+    case BIN_SUB * 2: BIN_LOOP(a[i] - s) break;
+    case BIN_SUB * 2 + 1: BIN_LOOP(s - a[i]) break;
+    case BIN_MUL * 2: BIN_LOOP(a[i] * s) break;
+    case BIN_MUL * 2 + 1: BIN_LOOP(s * a[i]) break;
+    case BIN_DIV * 2: BIN_LOOP(a[i] / s) break;
+    default: BIN_LOOP(s / a[i]) break;
+    }
 }
 
 /* Chunks of about CHUNK elements: whole planes where planes are small, pieces of one
  * where they are large (as channel_affine splits them). */
-static void plane_task(void *arg, Py_ssize_t t)
+static void binary_task(void *arg, Py_ssize_t t)
 {
-    const plane_job *j = arg;
+    const binary_job *j = arg;
+    if (!j->inner) {
+        const Py_ssize_t i0 = t * CHUNK, i1 = i0 + CHUNK < j->n ? i0 + CHUNK : j->n;
+        binary_run_f32(j->a + i0, j->b + i0, j->y + i0, i1 - i0, j->op);
+        return;
+    }
     const Py_ssize_t per = j->inner >= CHUNK ? 1 : CHUNK / j->inner;
     const Py_ssize_t parts = j->inner >= CHUNK ? (j->inner + CHUNK - 1) / CHUNK : 1;
     const Py_ssize_t p0 = (t / parts) * per, p1 = p0 + per < j->planes ? p0 + per : j->planes;
     const Py_ssize_t e0 = parts > 1 ? (t % parts) * CHUNK : 0;
     const Py_ssize_t e1 = parts > 1 ? (e0 + CHUNK < j->inner ? e0 + CHUNK : j->inner) : j->inner;
     for (Py_ssize_t p = p0; p < p1; p++)
-        scale_run_f32(j->x + p * j->inner + e0, j->y + p * j->inner + e0, e1 - e0, j->s[p]);
+        binary_value_f32(j->a + p * j->inner + e0, j->b[p], j->y + p * j->inner + e0, e1 - e0, j->op, j->b_first);
 }
 
-PyDoc_STRVAR(plane_scale_doc,
-"plane_scale(x, s, y, inner, threads)\n\n"
-"y = x * s[p] over float32 x viewed as [planes, inner], s holding one value per\n"
-"plane, into y (x's size, or x itself). Runs on up to\n"
-"threads threads, without the GIL.");
+PyDoc_STRVAR(binary_doc,
+"binary(a, b, y, op, inner, b_first, threads)\n\n"
+"y = a op b over float32 arrays, op 0 add, 1 subtract, 2 multiply, 3 divide. inner 0:\n"
+"b is a's size. inner > 0: a is viewed as [planes, inner] and b holds one value per\n"
+"plane, b op a where b_first. y (a's size) may be a or b. One IEEE operation per\n"
+"element: numpy's values. Runs on up to threads threads, without the GIL.");
 
-static PyObject *plane_scale(PyObject *self, PyObject *args)
+static PyObject *binary(PyObject *self, PyObject *args)
 {
-    PyObject *xo, *so, *yo;
+    PyObject *ao, *bo, *yo;
     Py_ssize_t inner;
-    int threads;
-    if (!PyArg_ParseTuple(args, "OOOni:plane_scale", &xo, &so, &yo, &inner, &threads))
+    int op, b_first, threads;
+    if (!PyArg_ParseTuple(args, "OOOinpi:binary", &ao, &bo, &yo, &op, &inner, &b_first, &threads))
         return NULL;
-    if (inner < 1) {
-        PyErr_SetString(PyExc_ValueError, "plane_scale: inner must be positive");
+    if (op < BIN_ADD || op > BIN_DIV || inner < 0) {
+        PyErr_Format(PyExc_ValueError, "binary: unknown op %d or negative inner %zd", op, inner);
         return NULL;
     }
-    nbuf x, s, y;
-    x.held = s.held = y.held = 0;
-    plane_job j = {NULL, NULL, NULL, 0, inner};
-    if (nb_get(xo, &x, 'f', 4, 0, 0, 0, "plane_scale: x") < 0)
+    nbuf a, b, y;
+    a.held = b.held = y.held = 0;
+    binary_job j = {NULL, NULL, NULL, 0, 0, inner, op, b_first};
+    if (nb_get(ao, &a, 'f', 4, 0, 0, 0, "binary: a") < 0)
         goto done;
-    const Py_ssize_t n = x.view.len / 4;
-    if (n % inner) {
-        PyErr_Format(PyExc_ValueError, "plane_scale: x holds %zd elements, not planes of %zd", n, inner);
+    j.n = a.view.len / 4;
+    if (inner && j.n % inner) {
+        PyErr_Format(PyExc_ValueError, "binary: a holds %zd elements, not planes of %zd", j.n, inner);
         goto done;
     }
-    j.planes = n / inner;
-    if (nb_get(so, &s, 'f', 4, j.planes, 0, 0, "plane_scale: s") < 0 ||
-        nb_get(yo, &y, 'f', 4, n, 1, 0, "plane_scale: y") < 0)
+    j.planes = inner ? j.n / inner : 0;
+    if (nb_get(bo, &b, 'f', 4, inner ? j.planes : j.n, 0, 0, "binary: b") < 0 ||
+        nb_get(yo, &y, 'f', 4, j.n, 1, 0, "binary: y") < 0)
         goto done;
-    j.x = x.view.buf;
-    j.s = s.view.buf;
+    j.a = a.view.buf;
+    j.b = b.view.buf;
     j.y = y.view.buf;
-    if (n) {
-        const Py_ssize_t tasks = inner >= CHUNK ? j.planes * ((inner + CHUNK - 1) / CHUNK)
-                                                : (j.planes + CHUNK / inner - 1) / (CHUNK / inner);
+    if (j.n) {
+        const Py_ssize_t tasks = !inner ? (j.n + CHUNK - 1) / CHUNK
+                                 : inner >= CHUNK ? j.planes * ((inner + CHUNK - 1) / CHUNK)
+                                                  : (j.planes + CHUNK / inner - 1) / (CHUNK / inner);
         Py_BEGIN_ALLOW_THREADS
-        pool_run(plane_task, &j, tasks, threads);
+        pool_run(binary_task, &j, tasks, threads);
         Py_END_ALLOW_THREADS
     }
 done:
-    nb_release(&x);
-    nb_release(&s);
+    nb_release(&a);
+    nb_release(&b);
     nb_release(&y);
     if (PyErr_Occurred())
         return NULL;
@@ -750,7 +783,7 @@ done:
 
 PyMethodDef elementwise_methods[] = {
     {"hard", hard, METH_VARARGS, hard_doc},
-    {"plane_scale", plane_scale, METH_VARARGS, plane_scale_doc},
+    {"binary", binary, METH_VARARGS, binary_doc},
     {"row_norm", row_norm, METH_VARARGS, row_norm_doc},
     {"pair_lookup", pair_lookup, METH_VARARGS, pair_lookup_doc},
     {"int8_blocks", int8_blocks, METH_VARARGS, int8_blocks_doc},
