@@ -18,6 +18,7 @@ from onnxrt.plugin.kernel import Kernel
 from onnxrt.run.limits import check_allocation
 from onnxrt.plugin.resize_geometry import axis_order, axis_table, cubic_kernel, source_coords
 
+from .. import native, parallel
 from ..registry import op
 
 __all__ = ["Resize", "GridSample", "affine_grid", "non_max_suppression", "image_decoder"]
@@ -180,10 +181,12 @@ class Resize(Kernel):
             if len(self._plans) >= 16:
                 self._plans.clear()
             self._plans[key] = plan
-        out, work, steps = plan
+        out, work, steps, fast = plan
         in_dt = np.dtype(X.dtype)
         if work is None:
             return (np.zeros(out, dtype=in_dt),)
+        if fast is not None and native.K is not None:
+            return (self._run_native(X, out, work, steps, fast),)
         masks = []
         if self.mode == "nearest":
             y = X
@@ -221,12 +224,58 @@ class Resize(Kernel):
             if not identity:
                 work.append(ax)
         if any(out[ax] == 0 for ax in work) or X.size == 0:
-            return tuple(out), None, ()
+            return tuple(out), None, (), None
         if any(X.shape[ax] == 0 for ax in work):
             raise ValueError(f"{self.node.describe()}: cannot resize an empty axis to a non-empty one")
         work = axis_order(work, list(X.shape), out)
         steps = tuple(self._table(X.shape[ax], out[ax], scale[ax], starts[ax], ends[ax]) for ax in work)
-        return tuple(out), tuple(work), steps
+        return tuple(out), tuple(work), steps, self._native_tables(X, out, work, steps)
+
+    def _native_tables(self, X, out, work, steps):
+        """The tables of the compiled kernel (native/src/resize2d.c) where it takes this
+        resize: float32 (or float16 interpolated in float32, as the numpy path does)
+        input of rank 2 or more whose resized axes are among its last two; None
+        otherwise. ``(iy, wy, ix, wx, order)``: per axis int64 indices and float32
+        weights ``[out, taps]`` (None: nearest, a copy), and the order the numpy path
+        resamples the two axes in (0 rows first, 1 columns first), so that the sums
+        are the same."""
+        dt = np.dtype(X.dtype)
+        r = X.ndim
+        if r < 2 or not work or not set(work) <= {r - 2, r - 1} or X.size == 0:
+            return None
+        if not (dt == np.float32 or (dt == np.float16 and self.mode != "nearest")):
+            return None
+        plans = dict(zip(work, steps))
+        tables = []
+        for ax in (r - 2, r - 1):
+            step = plans.get(ax)
+            if step is None:  # not resized: each position reads itself
+                tables += [np.arange(X.shape[ax], dtype=np.int64).reshape(-1, 1), None]
+                continue
+            if step.idx.shape[1] > 64:
+                return None
+            idx = np.ascontiguousarray(step.idx, dtype=np.int64)
+            w = None if step.w is None else np.ascontiguousarray(step.w.astype(np.float32))
+            tables += [idx, w]
+        order = 1 if list(work) == [r - 1, r - 2] else 0
+        return (*tables, order)
+
+    def _run_native(self, X, out, work, steps, fast):
+        """Resize through the compiled kernel: one pass, every output row made once
+        (the numpy path writes a whole tensor per tap and axis)."""
+        iy, wy, ix, wx, order = fast
+        in_dt = np.dtype(X.dtype)
+        x = np.ascontiguousarray(X, dtype=np.float32)
+        h, w = x.shape[-2:]
+        oh, ow = out[-2:]
+        planes = int(np.prod(out[:-2], dtype=np.int64))
+        y = np.empty(out, dtype=np.float32)
+        native.K.resize2d(x, y, planes, h, w, oh, ow, iy, wy, iy.shape[1], ix, wx, ix.shape[1], order,
+                          parallel.thread_count())
+        for ax, step in zip(work, steps):
+            if step.outside is not None:  # tf_crop_and_resize outside the input
+                y[(slice(None),) * ax + (step.outside,)] = np.float32(self.extrapolation_value)
+        return y if in_dt == np.float32 else _cast_result(y, in_dt)
 
 
 def _value_key(v):

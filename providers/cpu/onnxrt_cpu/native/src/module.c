@@ -4,7 +4,7 @@
 static PyMethodDef *const tables[] = {pool_methods, geometry_methods, blas_methods, depthwise_methods,
                                       conv_methods, pool2d_methods, elementwise_methods, cast16_methods, qlstm_methods,
                                       winograd_methods, direct_methods, gqa_methods, rnn_methods, igemm_methods,
-                                      qconv8_methods, nbits8_methods, narrow_conv_methods};
+                                      qconv8_methods, nbits8_methods, narrow_conv_methods, resize2d_methods};
 
 static PyMethodDef methods[160];
 

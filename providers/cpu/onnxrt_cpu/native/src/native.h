@@ -151,6 +151,7 @@ extern PyMethodDef direct_methods[];
 extern PyMethodDef gqa_methods[];
 extern PyMethodDef rnn_methods[];
 extern PyMethodDef narrow_conv_methods[];
+extern PyMethodDef resize2d_methods[];
 /* The 8-bit kernels (igemm.c, qconv8.c, nbits8.c): built where the compiler can target
  * AVX-512 VNNI, run where vnni_ready() says this CPU has AVX-512 F, BW, DQ, VL and
  * VNNI, and BMI2. */
