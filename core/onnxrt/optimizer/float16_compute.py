@@ -360,7 +360,8 @@ def _convert(graph, ctx) -> bool:
         new_nodes.extend(after)
     graph.nodes = new_nodes
     _remove_cast_pairs(graph, types)
-    _drop_unread(graph, [i for i, _ in cast_of if i in graph.initializers])
+    # an initializer read by several converted nodes has a key per reader: name it once
+    _drop_unread(graph, list(dict.fromkeys(i for i, _ in cast_of if i in graph.initializers)))
     graph.topological_sort()
     return True
 

@@ -292,3 +292,19 @@ def test_a_cast_an_if_body_reads_stays():
     for c in (True, False):
         feeds = {"c": np.array(c), "x": x}
         np.testing.assert_allclose(sess.run(None, feeds)[0], ref.run(None, feeds)[0], rtol=0, atol=1e-3)
+
+
+def test_an_initializer_two_converted_nodes_read():
+    # the 6 of a hard-sigmoid read by both Clip and Div: one float32 copy, and the
+    # float16 original dropped once (the transform raised KeyError dropping it twice)
+    nodes = [h.make_node("Clip", ["x", "zero", "six"], ["c"]), h.make_node("Div", ["c", "six"], ["y"])]
+    g = h.make_graph(nodes, "shared", [h.make_tensor_value_info("x", TP.FLOAT16, [2, 3])],
+                     [h.make_tensor_value_info("y", TP.FLOAT16, [2, 3])],
+                     [_init("six", np.array(6, F16)), _init("zero", np.array(0, F16))])
+    model = h.make_model(g, opset_imports=[h.make_opsetid("", 13)], ir_version=9).SerializeToString()
+    x = np.array([[-5, -2, 1], [4, 7, 10]], F16)
+    sess = _session(model)
+    assert "six" not in sess._built.graph.initializers
+    got = sess.run(None, {"x": x})[0]
+    exp = ort.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    np.testing.assert_array_equal(got, exp)
