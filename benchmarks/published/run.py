@@ -50,15 +50,19 @@ OPENBLAS_VARS = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
 CHILD_TIMEOUT_S = 1800
 
 
-def sessions(path: str, threads: int):
+def sessions(path: str, threads: int, profile_prefix: str | None = None):
     """An onnxrt and an onnxruntime session of the model at ``path``, each on the CPU
-    provider with ``threads`` intra-op threads."""
+    provider with ``threads`` intra-op threads; with ``profile_prefix`` both profile,
+    their traces named from it."""
     import onnxruntime as rt
 
     import onnxrt as ort
 
     so = ort.SessionOptions()
     so.intra_op_num_threads = threads
+    if profile_prefix:
+        so.enable_profiling = True
+        so.profile_file_prefix = profile_prefix + "_onnxrt"
     ours = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
     ro = rt.SessionOptions()
     ro.intra_op_num_threads = threads
@@ -68,6 +72,9 @@ def sessions(path: str, threads: int):
     # spinning slows the onnxrt run that follows (as benchmarks/run.py found), so it is
     # off, as there
     ro.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    if profile_prefix:
+        ro.enable_profiling = True
+        ro.profile_file_prefix = profile_prefix + "_onnxruntime"
     theirs = rt.InferenceSession(path, ro, providers=["CPUExecutionProvider"])
     return ours, theirs
 
