@@ -9,8 +9,8 @@ import numpy as np
 
 from .. import native, parallel
 
-__all__ = ["WINOGRAD_MIN_CHANNELS", "conv_native", "depthwise_native", "direct_pays", "native_geometry", "planes",
-           "qlinear_conv_native", "winograd_pays"]
+__all__ = ["WINOGRAD_MIN_CHANNELS", "NativeCall", "conv_native", "depthwise_native", "direct_pays", "native_call",
+           "native_geometry", "planes", "qlinear_conv_native", "winograd_pays"]
 
 _NATIVE_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 
@@ -181,6 +181,98 @@ def conv_native(x, wp, strides, dilations, pb, pe, out_sp, y, pad_value, bias, r
         # kernel's limit: the numpy path gathers in bounded bands
         return False
     return True
+
+
+class NativeCall:
+    """One float convolution's compiled call with everything but the input, the
+    residual and the output derived once (:func:`native_call`): the kernel, the
+    packed weight, the bias vector, the geometry and the activation's form. The
+    choice among the compiled kernels (``fn``, the name of the compiled function),
+    the geometry, the bias's conversion and the checks of :func:`conv_native` cost
+    10-15 us of Python a call, on every run of every layer, where the compiled
+    kernel of a small layer takes 20-100 us.
+
+    It holds the node's constant weight and bias (``w``, ``b``: the kernel checks by
+    identity that a call is given those) and returns a new output every call."""
+
+    __slots__ = ("fn", "weight", "bias", "geometry", "act", "x_shape", "out_shape", "dtype", "depthwise", "w", "b",
+                 "activation")
+
+    def __init__(self, fn, weight, bias, geometry, act, x_shape, out_shape, dtype, depthwise: bool, w, b,
+                 activation):
+        self.fn, self.weight, self.bias, self.geometry, self.act = fn, weight, bias, geometry, act
+        self.x_shape, self.out_shape, self.dtype, self.depthwise = x_shape, out_shape, dtype, depthwise
+        self.w, self.b, self.activation = w, b, activation
+
+    def __call__(self, x, residual=None):
+        """The convolution of ``x`` (of the shape and dtype this call was made for)
+        plus ``residual`` (not for the depthwise kernel's), activated, into a new
+        array; None where the compiled kernel refused it for its size (MemoryError),
+        or the compiled module or its BLAS products are no longer there: the caller
+        takes the other paths."""
+        kernels = native.K
+        if kernels is None or not (self.depthwise or native.BLAS):
+            return None
+        fn = getattr(kernels, self.fn)  # by name: the module may be replaced (tests count its calls)
+        x4 = np.ascontiguousarray(x)
+        if x4.shape != self.x_shape:
+            x4 = x4.reshape(self.x_shape)  # a 1-D convolution as one row
+        y = np.empty(self.out_shape, self.dtype)
+        kind, lo, hi = self.act
+        if self.depthwise:
+            fn(x4, self.weight, self.bias, y, self.geometry, kind, lo, hi, parallel.thread_count())
+            return y
+        if residual is not None:
+            if residual.shape != self.out_shape:
+                raise ValueError(f"Z has shape {residual.shape}, the convolution gives {self.out_shape}")
+            residual = np.ascontiguousarray(residual, dtype=self.dtype)
+        try:
+            fn(x4, self.weight, self.bias, residual, y, self.geometry, kind, lo, hi, parallel.thread_count())
+        except MemoryError:
+            return None
+        return y
+
+
+def native_call(x, wp, strides, dilations, pb, pe, out_sp, bias, residual, activation, w, b) -> NativeCall | None:
+    """The :class:`NativeCall` that does what :func:`~onnxrt_cpu.conv.forward.convolve`
+    does for this layer and this input shape, where that is one compiled call with
+    the activation fused (the depthwise kernel without a residual, Winograd's, the
+    direct kernel, im2col in tiles); None where convolve takes another path (the
+    narrow kernel's layers included, which its own module chooses), or the
+    activation runs in numpy. ``x`` and ``bias`` are in the compute dtype; ``w`` and
+    ``b`` are the node's constants the call is kept for."""
+    fused = getattr(activation, "native", None)
+    if activation is not None and fused is None:
+        return None
+    m = wp.shape[0]
+    if x.shape[1] != wp.shape[1] * wp.group or (bias is not None and bias.shape != (m,)):
+        return None  # convolve names what is wrong
+    kernel = tuple(wp.kernel)
+    unit = all(k == 1 for k in kernel) and all(s == 1 for s in strides) and not any(pb) and not any(pe)
+    out_shape = (x.shape[0], m, *out_sp)
+    act = native_act(fused)
+    geo = native_geometry(x, wp, strides, dilations, pb, pe, out_sp, 0)
+    if geo is None:
+        return None
+    x4, g = geo
+    bvec = _vector(bias, x.dtype, g.m)
+    if wp.depthwise is not None and not unit:
+        if residual is not None:
+            return None
+        return NativeCall("depthwise2d", wp.depthwise, bvec, g.window(), act, x4.shape, out_shape, x.dtype,
+                          True, w, b, activation)
+    from .narrow import narrow_pays  # the narrow kernel's own choice, made before the compiled kernels'
+
+    if narrow_pays(x, wp, wp.kernel, strides, pb, pe, out_sp) or not native.BLAS:
+        return None
+    kernel2, out2 = (g.kh, g.kw), (g.oh, g.ow)
+    if winograd_pays(x4, wp, kernel2, (g.sh, g.sw), (g.dh, g.dw), out2):
+        fn, weight = "winograd3x3", wp.winograd()
+    elif direct_pays(x4, wp, kernel2, out2, wide=True):
+        fn, weight = "direct2d", wp.gemm
+    else:
+        fn, weight = "conv2d", wp.gemm
+    return NativeCall(fn, weight, bvec, g, act, x4.shape, out_shape, x.dtype, False, w, b, activation)
 
 
 def qlinear_conv_native(x, wp32, w8, bias, mult, y, kernel, strides, dilations, pb, out_sp, zp: int,

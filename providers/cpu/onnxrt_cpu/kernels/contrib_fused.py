@@ -154,12 +154,14 @@ class FusedConv(Conv):
             raise ValueError(
                 f"{self.node.describe()}: {self.activation} needs {need} activation_params"
             )
+        # one activation object for every call: the convolution keeps its compiled
+        # call for it (Conv.forward)
+        self._act = _InPlace(self.activation, self.params) if self.activation else None
 
     def run(self, x, w, b=None, z=None):
         if x.dtype in (np.float32, np.float64) and (z is None or z.dtype == x.dtype):
             # Z and the activation are applied band by band inside the convolution.
-            act = _InPlace(self.activation, self.params) if self.activation else None
-            return (self.forward(x, w, b, residual=z, activation=act),)
+            return (self.forward(x, w, b, residual=z, activation=self._act),)
         (y,) = super().run(x, w, b)
         if z is not None:
             if z.shape != y.shape:

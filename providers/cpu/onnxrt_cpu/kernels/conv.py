@@ -24,7 +24,7 @@ from onnxrt.plugin.kernel import Kernel
 from onnxrt.plugin.pool_geometry import conv_transpose_geometry
 
 from .. import native
-from ..conv.compiled import WINOGRAD_MIN_CHANNELS, qlinear_conv_native
+from ..conv.compiled import WINOGRAD_MIN_CHANNELS, native_call, qlinear_conv_native
 from ..conv.forward import convolve
 from ..conv.geometry import check_rank, col2im_add, compute_dtype, conv_attributes, conv_pads, spatial_attrs
 from ..conv.integer import IntConvBase, input_bound, requantize_output, to_int32
@@ -47,6 +47,7 @@ class Conv(Kernel):
         self.group, self.auto_pad, self.pads = conv_attributes(a)
         self._packed = None
         self._geometries = {}
+        self._calls = {}
         w = self.node.constants.get(1)
         if w is not None and w.ndim >= 3:
             try:
@@ -82,7 +83,18 @@ class Conv(Kernel):
         return geometry
 
     def forward(self, x, w, b=None, residual=None, activation=None):
-        """The convolution, plus ``residual`` and an in-place ``activation`` (FusedConv)."""
+        """The convolution, plus ``residual`` and an in-place ``activation`` (FusedConv).
+
+        A layer that one compiled call computes keeps that call per input shape
+        (:class:`~onnxrt_cpu.conv.compiled.NativeCall`): later calls with the node's
+        own weight and bias skip the checks and the choice of algorithm."""
+        key = (x.shape, x.dtype, residual is None)
+        call = self._calls.get(key)
+        if call is not None and call.w is w and call.b is b and call.activation is activation:
+            y = call(x, residual)
+            if y is not None:
+                return y
+            self._calls[key] = None  # refused for its size: the other paths from now on
         check_rank(x, w)
         kernel, strides, dil, pb, pe, out_sp = self._geometry(x.shape, w.shape)
         cdt = compute_dtype(x.dtype)
@@ -90,6 +102,19 @@ class Conv(Kernel):
         if residual is not None:
             residual = residual.astype(cdt, copy=False)
         constant_bias = is_constant_input(self, b, 2)
+        if key not in self._calls and cdt == x.dtype and wp is not None and self._packed is not None \
+                and wp is self._packed[1] and (b is None or constant_bias):
+            # the node's own weight and bias: what is derived from them holds for
+            # every call of this shape
+            if len(self._calls) >= 8:
+                self._calls.clear()  # shapes that keep changing: no unbounded growth
+            call = native_call(x, wp, strides, dil, pb, pe, out_sp, b, residual, activation, w, b)
+            self._calls[key] = call
+            if call is not None:
+                y = call(x, residual)
+                if y is not None:
+                    return y
+                self._calls[key] = None
         y = convolve(x.astype(cdt, copy=False), wp, strides, dil, pb, pe, out_sp, b,
                      residual=residual, activation=activation, constant_bias=constant_bias)
         return y.astype(x.dtype, copy=False)
