@@ -12,7 +12,7 @@ nodes has a kernel for the fused op. The patterns are the ones exporters write:
 - ``bias_gelu_fusion``: ``Gelu(a + bias)`` with a constant 1-D bias over the last axis
   -> ``BiasGelu``; ``FastGelu(a + bias)`` -> ``FastGelu(a, bias)``.
 - ``layer_norm_fusion``: ReduceMean, Sub, Pow (or Mul), ReduceMean, Add(eps), Sqrt,
-  Div, Mul(gamma), Add(beta) over the last axis -> ``LayerNormalization`` (opset 17+).
+  Div, Mul(gamma), Add(beta) over the last axis -> ``LayerNormalization`` (at any opset, as onnxruntime).
 - ``simplified_layer_norm_fusion``: RMSNorm, Pow, ReduceMean, Add(eps), Sqrt, then Div,
   or Reciprocal (or ``1 / s``) and Mul, then Mul(gamma) -> ``SimplifiedLayerNormalization`` (the
   ai.onnx-domain op onnxruntime defines).
@@ -278,8 +278,9 @@ def _affine_tail(view: GraphView, value: str, x: str, d, with_beta: bool):
 def layer_norm_fusion(graph, ctx) -> bool:
     """The decomposed layer normalization over the last axis -> LayerNormalization."""
     view = GraphView(graph, ctx)
-    if graph.opsets.get("", 1) < 17:
-        return False
+    # at any opset: onnxruntime defines LayerNormalization in the default domain before
+    # opset 17 (where ONNX added it) and fuses into it there too, so a model saved after
+    # this fusion still loads in onnxruntime
     for rm in list(graph.nodes):
         if rm.op_type != "ReduceMean" or not view.free(rm):
             continue

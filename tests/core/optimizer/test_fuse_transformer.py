@@ -135,15 +135,26 @@ def test_decomposed_layer_norm_becomes_layer_normalization(square, beta):
     assert "LayerNormalization" not in ops(session(m, disabled=["layer_norm_fusion"]))
 
 
-def test_layer_norm_over_another_axis_or_before_opset_17_is_not_fused():
+def test_layer_norm_over_another_axis_is_not_fused():
     nodes, inits = layer_norm_nodes()
     nodes[0] = N("ReduceMean", ["x"], ["mu"], axes=[1])
     m = model(nodes, X, [vi("y", None)], inits)
     got = ops(assert_same_outputs(m, FEEDS, atol=1e-5))
     assert "LayerNormalization" not in got and got["ReduceMean"] >= 1
+
+
+def test_layer_norm_before_opset_17_is_fused_and_saved_as_onnxruntime_reads_it(tmp_path):
+    # onnxruntime defines LayerNormalization in the default domain before opset 17 and
+    # fuses the decomposed form there too (openWakeWord's opset-13 heads)
+    rt = pytest.importorskip("onnxruntime")
     nodes, inits = layer_norm_nodes()
     m = model(nodes, X, [vi("y", None)], inits, opset=13)
-    assert "LayerNormalization" not in ops(assert_same_outputs(m, FEEDS, atol=1e-5))
+    out = tmp_path / "opt.onnx"
+    sess = session(m, save=out)
+    assert ops(sess) == {"LayerNormalization": 1}
+    assert ops(assert_same_outputs(m, FEEDS, atol=1e-5)) == {"LayerNormalization": 1}
+    got = rt.InferenceSession(str(out), providers=["CPUExecutionProvider"]).run(None, FEEDS)[0]
+    np.testing.assert_allclose(got, sess.run(None, FEEDS)[0], rtol=1e-5, atol=1e-5)
 
 
 def test_layer_norm_opset_18_reads_axes_from_an_input():

@@ -168,7 +168,9 @@ def _norm_axis(axis, rank):
     return axis % rank
 
 
-@op("LayerNormalization", since=17)
+# since opset 1, as in onnxruntime, which defines LayerNormalization in the default domain
+# before ONNX did (opset 17) and fuses the decomposed form into it at any opset
+@op("LayerNormalization", since=1)
 class LayerNormalization(Kernel):
     """Normalization over axes ``[axis, rank)``, with optional Mean and InvStdDev outputs."""
 
