@@ -17,6 +17,7 @@ from onnxrt.dtypes import np_dtype
 from onnxrt.plugin.kernel import DirectCall, Kernel
 from onnxrt.run.limits import allocation_limit, check_allocation
 
+from .. import concat_fast
 from ..registry import op
 
 _INT64 = np.dtype(np.int64)
@@ -352,6 +353,8 @@ class Concat(Kernel):
 
     def setup(self):
         self.axis = self.attrs.get("axis", 1)
+        # outputs of 32 MiB or more are kept and written again next run (concat_fast)
+        self._slot = concat_fast.OutputSlot()
 
     def run(self, *xs):
         xs = [x for x in xs if x is not None]
@@ -366,6 +369,10 @@ class Concat(Kernel):
             shape = list(xs[0].shape)
             shape[axis] = sum(x.shape[axis] if x.ndim > axis else 0 for x in xs)
             check_allocation(shape, xs[0].dtype, "Concat output")
+        if self.xp is np:
+            y = concat_fast.concat(self._slot, xs, axis)
+            if y is not None:
+                return (y,)
         try:
             return (self.xp.concatenate(xs, axis=axis),)
         except ValueError as e:
