@@ -303,13 +303,28 @@ def test_small_and_non_float32_activations_stay_on_the_numpy_paths(monkeypatch):
     counting = Counting(native.K)
     monkeypatch.setattr(native, "K", counting)
     small = np.linspace(-5, 5, native.UNARY_MIN - 1, dtype=np.float32)
-    assert native.unary(small, native.SIGMOID) is None
+    assert native.unary(small, native.RELU) is None
+    assert native.unary(small, native.CLIP, -1.0, 2.0) is None
     assert native.unary(small.astype(np.float64).repeat(2), native.SIGMOID) is None
     assert native.unary(np.ones((100, 100), np.float32)[:, ::2], native.RELU) is None
+    assert native.unary(np.ones((0,), np.float32), native.SIGMOID) is None
     assert not counting.calls
     big = np.linspace(-5, 5, native.UNARY_MIN, dtype=np.float32)
     np.testing.assert_array_equal(native.unary(big, native.CLIP, -1.0, 2.0), np.clip(big, -1.0, 2.0))
     assert counting.calls == {"unary": 1}
+
+
+def test_small_multi_pass_activations_run_compiled(monkeypatch):
+    # numpy spends several ufunc calls on a Sigmoid, SiLU or Gelu: a tensor of one
+    # value (Silero VAD's decoder output) goes to the one compiled call
+    counting = Counting(native.K)
+    monkeypatch.setattr(native, "K", counting)
+    x = np.array([[-3.0, -0.5, 0.0, 0.25, 7.5]], np.float32)
+    got = native.unary(x, native.SIGMOID)
+    np.testing.assert_allclose(got, 1 / (1 + np.exp(-x.astype(np.float64))), rtol=1e-6)
+    one = native.unary(np.array([[[0.3]]], np.float32), native.SWISH, 1.0)
+    np.testing.assert_allclose(one, 0.3 / (1 + np.exp(-0.3)), rtol=1e-6)
+    assert counting.calls == {"unary": 2}
 
 
 def _bn_model(shape, dtype, seed=0):
