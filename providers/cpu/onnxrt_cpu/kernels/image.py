@@ -19,6 +19,7 @@ from onnxrt.run.limits import check_allocation
 from onnxrt.plugin.resize_geometry import axis_order, axis_table, cubic_kernel, source_coords
 
 from .. import native, parallel
+from ..concat_fast import OutputSlot
 from ..registry import op
 
 __all__ = ["Resize", "GridSample", "affine_grid", "non_max_suppression", "image_decoder"]
@@ -87,6 +88,8 @@ class Resize(Kernel):
             raise ValueError(f"{self.node.describe()}: unknown keep_aspect_ratio_policy {self.policy!r}")
         self._tables: dict = {}
         self._plans: dict = {}
+        # the compiled kernel's output, kept where 32 MiB or more (see concat_fast)
+        self._slot = OutputSlot()
 
     # -- output geometry ---------------------------------------------------------
     def _geometry(self, x, roi, scales, sizes):
@@ -269,7 +272,7 @@ class Resize(Kernel):
         h, w = x.shape[-2:]
         oh, ow = out[-2:]
         planes = int(np.prod(out[:-2], dtype=np.int64))
-        y = np.empty(out, dtype=np.float32)
+        y = self._slot.empty(out, np.float32)
         native.K.resize2d(x, y, planes, h, w, oh, ow, iy, wy, iy.shape[1], ix, wx, ix.shape[1], order,
                           parallel.thread_count())
         for ax, step in zip(work, steps):
