@@ -186,9 +186,14 @@ def test_hard_swish_is_fused_only_where_the_provider_takes_it():
     model = _model((1, 8, 10, 10), (8, 8, 3, 3), {"pads": [1, 1, 1, 1]}, "HardSwish")
     feeds = {"x": np.random.default_rng(4).standard_normal((1, 8, 10, 10)).astype(np.float32)}
     so = ort.SessionOptions()
-    so.disabled_optimizers = ["conv_activation_fusion"]
+    # HardSwish is onnxrt's own FusedConv activation: its fusion is the level-3 one
+    so.disabled_optimizers = ["conv_onnxrt_activation_fusion"]
     plain = ort.InferenceSession(model, so, providers=["CPUExecutionProvider"])
     assert [n.op_type for n in plain._built.graph.nodes] == ["Conv", "HardSwish"]
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+    extended = ort.InferenceSession(model, so, providers=["CPUExecutionProvider"])
+    assert [n.op_type for n in extended._built.graph.nodes] == ["Conv", "HardSwish"]
     fused = _session(model, 1)
     assert [n.op_type for n in fused._built.graph.nodes] == ["FusedConv"]
     np.testing.assert_allclose(fused.run(None, feeds)[0], plain.run(None, feeds)[0], rtol=1e-6, atol=1e-6)
@@ -253,7 +258,7 @@ def _paddle_model(x_shape, w_shape, attrs, *, offset=3.0, lo=0.0, hi=6.0, div=6.
 
 def _unfused(model):
     so = ort.SessionOptions()
-    so.disabled_optimizers = ["conv_activation_fusion"]
+    so.disabled_optimizers = ["conv_activation_fusion", "conv_onnxrt_activation_fusion"]
     return ort.InferenceSession(model, so, providers=["CPUExecutionProvider"])
 
 

@@ -32,7 +32,7 @@ __all__ = [
 ]
 
 #: ``--level`` names and the :class:`~onnxrt.GraphOptimizationLevel` each selects.
-LEVELS = {"disable": 0, "basic": 1, "extended": 2, "all": 99}
+LEVELS = {"disable": 0, "basic": 1, "extended": 2, "layout": 3, "all": 99}
 
 
 class UsageError(Exception):

@@ -16,7 +16,9 @@ four passes over each output); that becomes FusedConv's HardSwish with
 order: the same values as the four nodes). FusedConv takes com.microsoft QuickGelu
 too (``x * sigmoid(alpha x)``, alpha its one parameter; SiLU at alpha 1, which
 ``quick_gelu_fusion`` makes of YOLO's 57 ``Mul(c, Sigmoid(c))`` after convolutions),
-again onnxrt's own.
+again onnxrt's own. The fusions into those onnxrt-only activations run at level 3
+(``conv_onnxrt_activation_fusion``), so that a model saved at level 2 loads in
+onnxruntime.
 
 - ``conv_activation_fusion``: ``act(Conv(x, W, b))``, ``act(Conv(x, W, b) + z)`` and
   ``Conv(x, W, b) + z`` where ``z`` has exactly the convolution's shape (a residual)
@@ -36,7 +38,8 @@ import numpy as np
 
 from .patterns import MS_DOMAIN, GraphView
 
-__all__ = ["activation_params", "conv_activation_fusion", "gemm_activation_fusion"]
+__all__ = ["ONNXRUNTIME_ACTIVATIONS", "activation_params", "conv_activation_fusion", "conv_onnxrt_activation_fusion",
+           "gemm_activation_fusion"]
 
 _F32 = np.finfo(np.float32)
 
@@ -112,8 +115,27 @@ def _same_shape(a, b) -> bool:
         x is not None and x == y for x, y in zip(a, b))
 
 
+#: The activations onnxruntime's FusedConv takes: a model saved with only these in its
+#: FusedConv nodes loads in onnxruntime
+ONNXRUNTIME_ACTIVATIONS = frozenset(("Relu", "Sigmoid", "Tanh", "LeakyRelu", "HardSigmoid", "Clip"))
+
+
 def conv_activation_fusion(graph, ctx) -> bool:
-    """``act(Conv(...))``, ``act(Conv(...) + z)`` and ``Conv(...) + z`` -> com.microsoft FusedConv."""
+    """``act(Conv(...))``, ``act(Conv(...) + z)`` and ``Conv(...) + z`` -> com.microsoft
+    FusedConv, for the activations onnxruntime's FusedConv takes (level 2: a model saved
+    at that level still loads in onnxruntime)."""
+    return _conv_activation(graph, ctx, onnxrt_only=False)
+
+
+def conv_onnxrt_activation_fusion(graph, ctx) -> bool:
+    """The same for the activations only onnxrt's FusedConv takes: HardSwish (and
+    PaddlePaddle's spelling of it) and com.microsoft QuickGelu. Level 3
+    (``ORT_ENABLE_LAYOUT``, within the default ``ORT_ENABLE_ALL``), where onnxruntime
+    puts its own hardware-specific layouts: a model saved at this level runs in onnxrt."""
+    return _conv_activation(graph, ctx, onnxrt_only=True)
+
+
+def _conv_activation(graph, ctx, onnxrt_only: bool) -> bool:
     view = GraphView(graph, ctx)
     for conv in view.candidates("Conv"):
         if len(conv.outputs) != 1:
@@ -121,7 +143,7 @@ def conv_activation_fusion(graph, ctx) -> bool:
         y = conv.outputs[0]
         inputs = list(conv.inputs)
         old = [conv]
-        hard_swish = _decomposed_hard_swish(view, y)
+        hard_swish = _decomposed_hard_swish(view, y) if onnxrt_only else None
         if hard_swish is not None:
             nodes, out, params = hard_swish
             fused = view.make_node("FusedConv", inputs, [out], conv.name, domain=MS_DOMAIN, activation="HardSwish",
@@ -140,6 +162,10 @@ def conv_activation_fusion(graph, ctx) -> bool:
             act, params = _activation_after(view, add.outputs[0])
             inputs = inputs + [""] * (3 - len(inputs)) + [z]
             old.append(add)
+        # each pass takes the Convs whose activation is its own; the other pass the rest
+        private = act is not None and act.op_type not in ONNXRUNTIME_ACTIVATIONS
+        if private != onnxrt_only:
+            continue
         if act is not None:
             old.append(act)
         out = act.outputs[0] if act is not None else old[-1].outputs[0]

@@ -815,5 +815,7 @@ def register(reg) -> None:
     reg.add("qdq_drop_fusion", qdq_drop_fusion, extended)
     reg.add("dynamic_quant_matmul_fusion", dynamic_quant_matmul_fusion, extended)
     reg.add("dynamic_quant_attention_fusion", dynamic_quant_attention_fusion, extended)
-    reg.add("dynamic_quant_conv_fusion", dynamic_quant_conv_fusion, extended)
+    # its ConvIntegerToFloat is onnxrt's own: level 3, as the other fusions into ops only
+    # onnxrt runs (fusions.py)
+    reg.add("dynamic_quant_conv_fusion", dynamic_quant_conv_fusion, GraphOptimizationLevel.ORT_ENABLE_LAYOUT)
     reg.add("qdq_constant_folding", qdq_constant_folding, extended)
