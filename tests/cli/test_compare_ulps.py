@@ -11,7 +11,6 @@ differ although its kernel is right; its ``wrong_quantize`` mode adds a real bug
 from __future__ import annotations
 
 import numpy as np
-import onnx
 import pytest
 from onnx import TensorProto, helper
 
