@@ -348,6 +348,16 @@ class Graph:
         """Value name -> the node producing it."""
         return {o: n for n in self.nodes for o in n.outputs if o}
 
+    def read_names(self) -> set[str]:
+        """The names the graph's outputs and nodes read, the outer-scope reads of the
+        nodes' subgraphs included: what removing a node or an initializer must keep."""
+        used = set(self.output_names())
+        for n in self.nodes:
+            used.update(n.inputs)
+            if n.subgraphs:
+                used.update(n.implicit_inputs())
+        return used
+
     def consumers(self) -> dict[str, list[Node]]:
         """Value name -> nodes reading it (directly, or from a subgraph)."""
         out: dict[str, list[Node]] = {}

@@ -398,13 +398,8 @@ def _fold_body(body, ctx, outer: dict[str, np.ndarray], fold_dequantize: bool) -
 def dead_node_elimination(graph, ctx) -> bool:
     """Remove nodes whose outputs nobody reads, then initializers nobody reads."""
     changed = False
-    outputs = set(graph.output_names())
     while True:
-        used = set(outputs)
-        for n in graph.nodes:
-            used.update(n.inputs)
-            if n.subgraphs:
-                used.update(n.implicit_inputs())
+        used = graph.read_names()
         keep = [n for n in graph.nodes if any(o and o in used for o in n.outputs)]
         if len(keep) == len(graph.nodes):
             break

@@ -426,13 +426,8 @@ def _is_cast(n, to: int) -> bool:
 def _drop_unread(graph, replaced) -> None:
     """This transform's Casts nobody reads any more, and float16 initializers that only
     converted nodes read (their float32 twins replace them)."""
-    outputs = set(graph.output_names())
     while True:
-        used = set(outputs)
-        for n in graph.nodes:
-            used.update(n.inputs)
-            if n.subgraphs:
-                used.update(n.implicit_inputs())
+        used = graph.read_names()
         keep = [n for n in graph.nodes if n.doc_string not in (_MADE, _ROUNDING) or n.outputs[0] in used]
         if len(keep) == len(graph.nodes):
             break
