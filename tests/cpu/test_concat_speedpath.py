@@ -1,5 +1,5 @@
 """Concat of large tensors into an output the node keeps and writes again next run
-(onnxrt_cpu.concat_fast): the values of onnxruntime and numpy, every run, and never a
+(onnxrt_cpu.large_outputs): the values of onnxruntime and numpy, every run, and never a
 block someone still holds."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 from onnx import TensorProto, helper
 
 import onnxrt
-from onnxrt_cpu import concat_fast
+from onnxrt_cpu import large_outputs
 
 _BIG = (1, 64, 256, 256)  # 16 MiB each: a 32 MiB join, reused
 
@@ -74,7 +74,7 @@ def test_an_output_the_caller_holds_is_never_written_again():
 
 
 def test_the_slot_reuses_only_a_free_block_of_the_same_geometry():
-    slot = concat_fast.OutputSlot()
+    slot = large_outputs.OutputSlot()
     a = slot.empty((1 << 23,), np.float32)
     addr = a.ctypes.data
     del a

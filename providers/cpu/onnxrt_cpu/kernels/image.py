@@ -19,7 +19,7 @@ from onnxrt.run.limits import check_allocation
 from onnxrt.plugin.resize_geometry import axis_order, axis_table, cubic_kernel, source_coords
 
 from .. import native, parallel
-from ..concat_fast import OutputSlot
+from ..large_outputs import OutputSlot
 from ..registry import op
 
 __all__ = ["Resize", "GridSample", "affine_grid", "non_max_suppression", "image_decoder"]
@@ -88,7 +88,7 @@ class Resize(Kernel):
             raise ValueError(f"{self.node.describe()}: unknown keep_aspect_ratio_policy {self.policy!r}")
         self._tables: dict = {}
         self._plans: dict = {}
-        # the compiled kernel's output, kept where 32 MiB or more (see concat_fast)
+        # the compiled kernel's output, kept where 32 MiB or more (see large_outputs)
         self._slot = OutputSlot()
 
     # -- output geometry ---------------------------------------------------------

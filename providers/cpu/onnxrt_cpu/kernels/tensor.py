@@ -17,7 +17,7 @@ from onnxrt.dtypes import np_dtype
 from onnxrt.plugin.kernel import DirectCall, Kernel
 from onnxrt.run.limits import allocation_limit, check_allocation
 
-from .. import concat_fast
+from .. import large_outputs
 from ..registry import op
 
 _INT64 = np.dtype(np.int64)
@@ -353,8 +353,8 @@ class Concat(Kernel):
 
     def setup(self):
         self.axis = self.attrs.get("axis", 1)
-        # outputs of 32 MiB or more are kept and written again next run (concat_fast)
-        self._slot = concat_fast.OutputSlot()
+        # outputs of 32 MiB or more are kept and written again next run (large_outputs)
+        self._slot = large_outputs.OutputSlot()
 
     def run(self, *xs):
         xs = [x for x in xs if x is not None]
@@ -370,7 +370,7 @@ class Concat(Kernel):
             shape[axis] = sum(x.shape[axis] if x.ndim > axis else 0 for x in xs)
             check_allocation(shape, xs[0].dtype, "Concat output")
         if self.xp is np:
-            y = concat_fast.concat(self._slot, xs, axis)
+            y = large_outputs.concat(self._slot, xs, axis)
             if y is not None:
                 return (y,)
         try:
